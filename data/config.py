@@ -1,0 +1,42 @@
+"""The `data` section of a run config: where text comes from, how it is tokenized, where shards go."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SOURCES = ("shakespeare", "tinyshakespeare", "files", "hf")
+TOKENIZERS = ("char", "gpt2", "bpe")
+
+
+@dataclass
+class DataConfig:
+    source: str = "shakespeare"  # shakespeare | tinyshakespeare | files | hf
+    path: str = ""  # file, folder or glob (files); a local copy of the file (tinyshakespeare)
+    tokenizer: str = "char"  # char | gpt2 | bpe
+    vocab_size: int = 4096  # target vocabulary size of a trained bpe tokenizer
+    val_fraction: float = 0.1  # the last fraction of the corpus is the validation split
+    dir: str = "cache/shakespeare_char"  # where shards, meta.json and tokenizer files go
+    hf_name: str = ""  # Hugging Face dataset name, or a local dataset folder
+    hf_config: str = ""
+    hf_split: str = "train"
+    hf_text_field: str = "text"
+    streaming: bool = False  # stream a large hf dataset instead of downloading it whole
+    num_proc: int = 0  # tokenizer processes for large corpora; 0 = one per CPU core
+
+    def validate(self) -> None:
+        """Raise ValueError('data.KEY: why') on the first bad value."""
+        if self.source not in SOURCES:
+            raise ValueError(f"data.source: {self.source!r} is not one of {', '.join(SOURCES)}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"data.tokenizer: {self.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction: {self.val_fraction} must lie strictly between 0 and 1")
+        if self.tokenizer == "bpe" and self.vocab_size < 257:
+            raise ValueError(f"data.vocab_size: {self.vocab_size} must be at least 257 for a byte-level bpe")
+        if self.source == "files" and not self.path:
+            raise ValueError("data.path: source 'files' needs a file, folder or glob")
+        if self.source == "hf" and not self.hf_name:
+            raise ValueError("data.hf_name: source 'hf' needs a dataset name or a saved dataset folder")
+        if self.num_proc < 0:
+            raise ValueError(f"data.num_proc: {self.num_proc} must be >= 0")
+        if not self.dir:
+            raise ValueError("data.dir: must name a folder")

@@ -1,0 +1,143 @@
+"""Checkpoint directories: weights in safetensors, the run config as JSON, the tokenizer's files, trainer state.
+
+A directory is written under a temporary name and swapped in by renames, so a kill at any moment leaves either the
+old or the new checkpoint complete. Loading never unpickles arbitrary objects: safetensors for weights, JSON for
+config, and `torch.load(weights_only=True)` for the optimizer and RNG state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from data.tokenizers import Tokenizer, load_tokenizer
+from model.config import ModelConfig
+from model.gpt import GPT
+
+WEIGHTS, CONFIG, TRAINER_STATE = "model.safetensors", "config.json", "trainer_state.pt"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    model: GPT
+    tokenizer: Tokenizer
+    config: dict  # the resolved run config: {"model": {...}, "data": {...}, "train": {...}, "log": {...}}
+    path: Path
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain GPT inside DDP and torch.compile wrappers."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """State dict without the tied head (safetensors stores each tensor once) and without wrapper prefixes."""
+    model = unwrap(model)
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+
+
+def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokenizer: Tokenizer, run_config: dict,
+                    trainer_state: dict[str, Any] | None = None) -> Path:
+    """Write a complete checkpoint to `directory`, replacing any previous one only once the new one is whole."""
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **run_config}, indent=2))
+        tokenizer.save(tmp)
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / TRAINER_STATE)
+        _swap_in(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    old = final.with_name(f".{final.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
+    """A checkpoint directory itself, or a run's out_dir (best/, else latest/); a swap cut short is recovered."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"no checkpoint at {p}: the path does not exist")
+    for candidate in (p, p / "best", p / "latest", p / ".best.old", p / ".latest.old"):
+        if (candidate / WEIGHTS).is_file() and (candidate / CONFIG).is_file():
+            return candidate
+    raise ValueError(f"no checkpoint at {p}: expected {WEIGHTS} and {CONFIG}, or a run folder with best/ or latest/")
+
+
+def read_run_config(directory: Path) -> dict:
+    try:
+        cfg = json.loads((directory / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"corrupt checkpoint {directory}: {CONFIG} unreadable ({e})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise ValueError(f"corrupt checkpoint {directory}: {CONFIG} has no model section")
+    cfg.pop("format_version", None)
+    return cfg
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"checkpoint config has unknown model keys: {', '.join(sorted(unknown))}")
+    return ModelConfig(**d)
+
+
+def load_weights(model: GPT, directory: Path, device: str | torch.device = "cpu") -> None:
+    try:
+        state = load_file(str(directory / WEIGHTS), device=str(device))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"corrupt checkpoint {directory}: {WEIGHTS} unreadable ({e})") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if model.config.tie_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {directory} does not match its config: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
+    """Build the model from a checkpoint (or run) directory, in eval mode, on `device`."""
+    directory = resolve_checkpoint_dir(path)
+    cfg = read_run_config(directory)
+    model = GPT(model_config_from_dict(cfg["model"]))
+    load_weights(model, directory)
+    model.to(device).eval()
+    return Checkpoint(model=model, tokenizer=load_tokenizer(directory), config=cfg, path=directory)
+
+
+def load_trainer_state(directory: str | os.PathLike) -> dict[str, Any]:
+    """Optimizer, RNG and progress state; weights_only=True refuses anything but tensors and plain containers."""
+    path = Path(directory) / TRAINER_STATE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no trainer state in this checkpoint (cannot resume from it)") from None
+    except Exception as e:  # noqa: BLE001 - unpickling errors come in many types
+        raise ValueError(f"{path}: unreadable trainer state ({type(e).__name__})") from None

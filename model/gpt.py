@@ -1,0 +1,105 @@
+"""The decoder-only GPT: embeddings and positions, a stack of blocks, final norm, LM head."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import rope_tables
+from model.config import ModelConfig
+from model.layers import Block, make_norm, sinusoidal_table
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        if config.vocab_size < 1:
+            raise ValueError("model.vocab_size: must be set (>= 1) before building a model")
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        if config.positions == "learned":
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        elif config.positions == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+        else:
+            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = make_norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer) (or zero)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache=None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy or None). Targets of -1 are ignored.
+
+        With a KV cache, idx holds only the new tokens; their positions start at `cache.pos`.
+        """
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.config.block_size}")
+        x = self.wte(idx)
+        rope = None
+        if self.config.positions == "learned":
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+        elif self.config.positions == "sinusoidal":
+            # as in the original paper: embeddings scaled by sqrt(d_model) so the fixed table does not drown them
+            x = x * math.sqrt(self.config.n_embd) + self.pos_table[start:start + T]
+        else:
+            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope=rope, cache=cache, layer=i)
+        if cache is not None:
+            cache.advance(T)
+        logits = self.lm_head(self.ln_f(x))
+        if self.config.logit_softcap:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, counting a tied matrix once; non_embedding drops the token and position tables."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel()
+            if hasattr(self, "wpe"):
+                n -= self.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward): 6 per matmul weight plus 12 * L * T * C for attention.
+
+        Lookup tables do no multiply-adds, but a tied table is also the head, which does.
+        """
+        c = self.config
+        t = seq_len or c.block_size
+        matmul = self.num_params(non_embedding=True) + c.vocab_size * c.n_embd
+        return 6.0 * matmul + 12.0 * c.n_layer * t * c.n_embd

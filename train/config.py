@@ -1,0 +1,90 @@
+"""The `train` and `log` sections, and RunConfig: the whole resolved config of one run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from data.config import DataConfig
+from model.config import ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "checkpoints/run"  # run folder: metrics.jsonl, latest/, best/
+    max_iters: int = 5000  # optimizer steps
+    max_seconds: float = 0.0  # wall-clock budget; when set, the LR schedule follows elapsed time
+    eval_interval: int = 250  # steps between evaluations (and checkpoints)
+    eval_iters: int = 20  # batches averaged per split at each evaluation
+    log_interval: int = 10  # steps between metrics.jsonl lines
+    batch_size: int = 64  # sequences per micro-batch, per process
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3  # peak learning rate (AdamW; for muon, the embeddings/head/1-D params)
+    min_lr: float = 1e-4  # floor of the decay
+    muon_lr: float = 0.02  # peak learning rate of Muon's 2-D hidden weights
+    warmup_iters: int = 100
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay)
+    decay_fraction: float = 0.2  # wsd: the final fraction of training that decays
+    weight_decay: float = 0.1  # applied to 2-D weights only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    optimizer: str = "adamw"  # adamw | muon
+    device: str = "auto"  # auto (cuda, mps, cpu) | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto (bf16 on CUDA if supported, else fp16; fp32 on CPU) | float32 | bfloat16 | float16
+    compile: bool = False  # torch.compile the model
+    resume: str = "never"  # never | auto (continue from out_dir/latest if present)
+    overwrite: bool = False  # allow an out_dir that holds a different run to be replaced
+    seed: int = 1337
+
+    def validate(self) -> None:
+        for key in ("max_iters", "eval_interval", "eval_iters", "log_interval", "batch_size", "grad_accum"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"train.{key}: {getattr(self, key)} must be >= 1")
+        for key in ("max_seconds", "lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "warmup_iters"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"train.{key}: {getattr(self, key)} must be >= 0")
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr: {self.min_lr} is above train.lr = {self.lr}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"train.decay_fraction: {self.decay_fraction} must lie in (0, 1]")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"train.{key}: {getattr(self, key)} must lie in [0, 1)")
+        choices = {"schedule": ("cosine", "wsd"), "optimizer": ("adamw", "muon"), "resume": ("never", "auto"),
+                   "dtype": ("auto", "float32", "bfloat16", "float16")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"train.{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
+            raise ValueError(f"train.device: {self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
+        if not self.out_dir:
+            raise ValueError("train.out_dir: must name a folder")
+
+
+@dataclass
+class LogConfig:
+    wandb: bool = False  # log to Weights & Biases; WANDB_MODE=offline|disabled is honoured
+    wandb_project: str = "attngpt"
+    wandb_run_name: str = ""  # empty = wandb picks a name
+    sample_prompt: str = "\n"  # prompt of the samples drawn at each evaluation
+    sample_tokens: int = 200  # tokens per eval sample; 0 = no samples
+    probe_prompt: str = ""  # text whose attention is captured at each eval; empty = a built-in probe
+    attention: bool = True  # capture attention maps and head statistics at each eval
+
+    def validate(self) -> None:
+        if self.sample_tokens < 0:
+            raise ValueError(f"log.sample_tokens: {self.sample_tokens} must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> None:
+        for section in (self.model, self.data, self.train, self.log):
+            section.validate()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
