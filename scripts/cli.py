@@ -23,6 +23,18 @@ from train.config import RunConfig
 _SECTIONS = ("model", "data", "train", "log")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a short usage line and one-line errors (exit code 2)."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(2, f"error: {message} (see {self.prog} -h)\n")
+
+
+def make_parser(prog: str, doc: str | None, config: bool = True) -> Parser:
+    usage = f"{prog} [--config FILE] [--section.key VALUE ...]" if config else None
+    return Parser(prog=prog, usage=usage, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _field_comments(cls: type) -> dict[str, str]:
     """The `# comment` beside each field in the class source: the help text of its option."""
     try:

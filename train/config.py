@@ -32,6 +32,7 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA if supported, else fp16; fp32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the model
     resume: str = "never"  # never | auto (continue from out_dir/latest if present)
+    stop_at: int = 0  # end this invocation after this many steps, saving latest/ (resume later); 0 = off
     overwrite: bool = False  # allow an out_dir that holds a different run to be replaced
     seed: int = 1337
 
@@ -39,7 +40,7 @@ class TrainConfig:
         for key in ("max_iters", "eval_interval", "eval_iters", "log_interval", "batch_size", "grad_accum"):
             if getattr(self, key) < 1:
                 raise ValueError(f"train.{key}: {getattr(self, key)} must be >= 1")
-        for key in ("max_seconds", "lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "warmup_iters"):
+        for key in ("stop_at", "max_seconds", "lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "warmup_iters"):
             if getattr(self, key) < 0:
                 raise ValueError(f"train.{key}: {getattr(self, key)} must be >= 0")
         if self.min_lr > self.lr:

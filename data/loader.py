@@ -1,0 +1,87 @@
+"""Random (x, y) windows over memmapped token shards, deterministic from (seed, split, step, micro_step).
+
+Each call draws the offsets of a *global* batch of batch_size * world_size windows from a generator seeded with
+(seed, split, step, micro_step); rank r takes windows r*batch_size ... (r+1)*batch_size - 1. So a batch is a pure
+function of (seed, split, step, micro_step, rank, world_size): a resumed run sees the batches it would have seen,
+ranks see different windows, and N ranks together see exactly what one process with N times the batch would see.
+The split is treated as one token stream; a window may run across a shard boundary.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.meta import SPLITS, read_meta
+
+_SPLIT_IDS = {name: i for i, name in enumerate(SPLITS)}
+
+
+class ShardLoader:
+    """get_batch(step, micro_step) -> (x, y), int64 tensors [batch_size, block_size] on `device`; y is x shifted by one.
+
+    `device` may be a CUDA device: batches are then pinned and copied without blocking.
+    """
+
+    def __init__(self, directory: str | Path, split: str, batch_size: int, block_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu"):
+        if split not in _SPLIT_IDS:
+            raise ValueError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
+        if batch_size < 1 or block_size < 1:
+            raise ValueError(f"batch_size and block_size must be >= 1 (got {batch_size}, {block_size})")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..world_size-1 (world_size {world_size})")
+        if seed < 0:
+            raise ValueError(f"seed: {seed} must be >= 0")
+        self.directory = Path(directory)
+        self.meta = read_meta(directory)
+        self.split, self.batch_size, self.block_size, self.seed = split, batch_size, block_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device)
+        self.shards = [self._open(name) for name in self.meta["shards"][split]]
+        sizes = [len(s) for s in self.shards]
+        if sum(sizes) != self.meta["tokens"][split]:
+            raise ValueError(f"{self.directory}: the {split} shards hold {sum(sizes)} tokens but meta.json says "
+                             f"{self.meta['tokens'][split]}; run python -m scripts.prepare again")
+        self.starts = np.cumsum([0] + sizes)  # global offset of each shard's first token
+        self.n_tokens = int(self.starts[-1])
+        if self.n_tokens < block_size + 1:
+            raise ValueError(f"the {split} split has {self.n_tokens} tokens, fewer than block_size + 1 = "
+                             f"{block_size + 1}; lower block_size or use more text")
+
+    def _open(self, name: str) -> np.memmap:
+        path = self.directory / name
+        if not path.is_file():
+            raise ValueError(f"{self.directory}: shard {name} is missing; run python -m scripts.prepare again")
+        return np.memmap(path, dtype=np.dtype(self.meta["dtype"]).newbyteorder("<"), mode="r")
+
+    def offsets(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """The first token of each of this rank's windows."""
+        if step < 0 or micro_step < 0:
+            raise ValueError(f"step and micro_step must be >= 0 (got {step}, {micro_step})")
+        entropy = [self.seed, _SPLIT_IDS[self.split], step, micro_step]
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+        starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size * self.world_size)
+        return starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start + length) of the split as int64, across shard boundaries if need be."""
+        out = np.empty(length, dtype=np.int64)
+        filled = 0
+        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while filled < length:
+            local = start + filled - int(self.starts[shard])
+            take = min(length - filled, len(self.shards[shard]) - local)
+            out[filled:filled + take] = self.shards[shard][local:local + take]
+            filled += take
+            shard += 1
+        return out
+
+    def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        windows = np.stack([self.read(int(s), self.block_size + 1) for s in self.offsets(step, micro_step)])
+        x = torch.from_numpy(windows[:, :-1].copy())
+        y = torch.from_numpy(windows[:, 1:].copy())
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)

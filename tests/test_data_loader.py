@@ -1,0 +1,108 @@
+"""ShardLoader: shapes and shift, determinism from (seed, split, step, micro_step, rank, world_size), ranks that
+split one global batch, windows across shard boundaries, and clear errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data.config import DataConfig
+from data.loader import ShardLoader
+from data.prepare import prepare
+
+B, T = 4, 16
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("loader")
+    text = root / "digits.txt"
+    text.write_text("".join(chr(ord("a") + (i * 7) % 26) for i in range(5000)))
+    # small shards, so many windows straddle a shard boundary
+    return prepare(DataConfig(source="files", path=str(text), dir=str(root / "out"), shard_tokens=37), verbose=False)
+
+
+@pytest.fixture(scope="module")
+def stream(folder) -> np.ndarray:
+    """The whole train split as one array, read independently of the loader."""
+    names = sorted(folder.glob("train_*.bin"))
+    assert len(names) > 100
+    return np.concatenate([np.fromfile(n, dtype=np.uint16) for n in names]).astype(np.int64)
+
+
+def test_batch_shape_dtype_and_shift(folder):
+    x, y = ShardLoader(folder, "train", B, T, seed=1).get_batch(0)
+    assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_windows_are_real_slices_of_the_split_even_across_shards(folder, stream):
+    loader = ShardLoader(folder, "train", 64, T, seed=3)
+    for step in range(5):
+        x, y = loader.get_batch(step)
+        for row, start in zip(range(64), loader.offsets(step)):
+            assert x[row].tolist() == stream[start:start + T].tolist()
+            assert y[row].tolist() == stream[start + 1:start + T + 1].tolist()
+    assert loader.n_tokens == len(stream)
+
+
+def test_same_arguments_same_batch_in_a_fresh_loader(folder):
+    a = ShardLoader(folder, "train", B, T, seed=7)
+    b = ShardLoader(folder, "train", B, T, seed=7)
+    b.get_batch(99)  # consuming other batches first changes nothing: no hidden state
+    for step, micro in [(0, 0), (5, 0), (5, 1), (1234, 3)]:
+        assert torch.equal(a.get_batch(step, micro)[0], b.get_batch(step, micro)[0])
+
+
+def test_step_micro_step_seed_and_split_change_the_batch(folder):
+    base = ShardLoader(folder, "train", B, T, seed=7).get_batch(5, 0)[0]
+    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=7).get_batch(6, 0)[0])
+    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=7).get_batch(5, 1)[0])
+    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=8).get_batch(5, 0)[0])
+    assert not torch.equal(base, ShardLoader(folder, "val", B, T, seed=7).get_batch(5, 0)[0])
+
+
+def test_ranks_get_different_windows_that_together_make_the_single_process_batch(folder):
+    world = 3
+    ranks = [ShardLoader(folder, "train", B, T, seed=11, rank=r, world_size=world) for r in range(world)]
+    single = ShardLoader(folder, "train", B * world, T, seed=11)
+    for step in (0, 17):
+        parts = [r.get_batch(step, 2) for r in ranks]
+        assert torch.equal(torch.cat([p[0] for p in parts]), single.get_batch(step, 2)[0])
+        assert not torch.equal(parts[0][0], parts[1][0])
+        starts = [tuple(r.offsets(step, 2).tolist()) for r in ranks]
+        assert len(set(starts)) == world
+
+
+def test_device_argument(folder):
+    x, y = ShardLoader(folder, "val", B, T, seed=0, device="cpu").get_batch(0)
+    assert x.device.type == y.device.type == "cpu"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"split": "test"}, "split: 'test' is not one of train, val"),
+    ({"block_size": 10_000}, "fewer than block_size"),
+    ({"rank": 2, "world_size": 2}, "rank 2 is not in"),
+    ({"batch_size": 0}, "must be >= 1"),
+])
+def test_bad_arguments(folder, kwargs, message):
+    args = {"split": "train", "batch_size": B, "block_size": T, "seed": 0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        ShardLoader(folder, **args)
+
+
+def test_missing_or_truncated_shards_are_reported(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefghij" * 100)
+    out = prepare(DataConfig(source="files", path=str(text), dir=str(tmp_path / "o")), verbose=False)
+    shard = out / "train_0000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(ValueError, match="meta.json says 900; run python -m scripts.prepare again"):
+        ShardLoader(out, "train", B, T, seed=0)
+    shard.unlink()
+    with pytest.raises(ValueError, match="shard train_0000.bin is missing"):
+        ShardLoader(out, "train", B, T, seed=0)
+    with pytest.raises(ValueError, match="no meta.json"):
+        ShardLoader(tmp_path, "train", B, T, seed=0)

@@ -1,0 +1,83 @@
+"""What happens at each evaluation: mean losses on fixed batches, samples, and the attention probe."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from data.loader import ShardLoader
+from train.config import RunConfig
+from train.runtime import Runtime
+
+EVAL_SEED_OFFSET = 10_000  # eval batches come from their own stream, fixed for the whole run
+
+
+@torch.no_grad()
+def estimate_losses(model: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> dict[str, float]:
+    """Mean loss over the same `eval_iters` batches of each split at every evaluation, in eval mode."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        loader = ShardLoader(cfg.data.dir, split, cfg.train.batch_size, cfg.model.block_size,
+                             cfg.train.seed + EVAL_SEED_OFFSET)
+        total = 0.0
+        for k in range(cfg.train.eval_iters):
+            x, y = loader.get_batch(k)
+            with rt.autocast():
+                _, loss = model(x.to(rt.device), y.to(rt.device))
+            total += loss.item()
+        out[split] = total / cfg.train.eval_iters
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, seed: int, n: int = 2) -> list[str]:
+    """A few continuations with a fixed seed, so samples across evals differ only because the model changed."""
+    from model.inference import SamplingSettings, generate
+
+    was_training = model.training
+    model.eval()
+    ids = tokenizer.encode(prompt) or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
+    out = generate(model, [ids] * n, n_tokens, SamplingSettings(temperature=0.8, top_k=200), seed=seed)
+    model.train(was_training)
+    return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
+
+
+def eval_extras(model: torch.nn.Module, tokenizer, cfg: RunConfig, rt: Runtime, step: int, out_dir: Path,
+                tracker) -> None:
+    """Samples and attention at this step: to wandb (images, tables, scalars) and to the run folder."""
+    import matplotlib.pyplot as plt
+
+    media: dict = {}
+    if cfg.log.sample_tokens > 0:
+        try:
+            samples = draw_samples(model, tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens, cfg.train.seed)
+        except ValueError as e:  # e.g. a prompt with characters outside a char vocabulary
+            samples = [f"(no sample: {e})"]
+        with (out_dir / "samples.txt").open("a") as f:
+            for s in samples:
+                f.write(f"--- step {step} ---\n{s}\n")
+        if tracker.wandb is not None:
+            import wandb
+            media["samples"] = wandb.Table(columns=["step", "sample"], data=[[step, s] for s in samples])
+    if cfg.log.attention:
+        from inspector.report import probe_attention
+
+        was_training = model.training
+        model.eval()
+        probe = probe_attention(model, tokenizer, cfg.log.probe_prompt, out_dir / "attention" / f"step_{step:06d}")
+        model.train(was_training)
+        tracker.log({"step": step, **probe["scalars"]})
+        if tracker.wandb is not None:
+            import wandb
+            media["attention/grid"] = wandb.Image(probe["figure"])
+            media["attention/head_scores"] = wandb.Image(probe["scores_figure"])
+            rows = probe["stats"]
+            if rows:
+                cols = list(rows[0].keys())
+                media["attention/head_stats"] = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])
+        plt.close(probe["figure"])
+        plt.close(probe["scores_figure"])
+    tracker.log_media(step, media)

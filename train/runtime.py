@@ -1,0 +1,112 @@
+"""Where and how a run executes: device, precision, distributed process group, peak FLOP/s for MFU."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# Dense bf16 tensor-core peaks (no sparsity) from the vendors' data sheets, for MFU on CUDA.
+GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+                 "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype; float32 = no autocast
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def needs_grad_scaler(self) -> bool:
+        return self.dtype == torch.float16
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"train.device: {name} asked for, but no CUDA device is available")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("train.device: mps asked for, but it is not available")
+    if name == "cuda":
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA where supported, else fp16 (with a GradScaler); fp32 on CPU, where bf16 matmuls measured slower."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if dtype == torch.float16 and device.type == "cpu":
+        raise ValueError("train.dtype: float16 autocast is not supported on CPU; use bfloat16 or float32")
+    return dtype
+
+
+def setup(device_name: str, dtype_name: str) -> Runtime:
+    """Join the torchrun process group if there is one (NCCL on CUDA, gloo otherwise)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_name, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return Runtime(device=device, dtype=pick_dtype(dtype_name, device), rank=rank, local_rank=local_rank,
+                   world_size=world_size)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """Peak FLOP/s assumed for MFU, and where the figure came from."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, flops in GPU_PEAK_BF16.items():
+            if key in name:
+                scale = 1.0 if dtype in (torch.bfloat16, torch.float16) else 0.5  # TF32 runs at about half rate
+                return flops * scale, f"{name} data sheet"
+        return 0.0, f"unknown GPU {name}"
+    return measure_matmul_flops(device), "measured fp32 matmul on this CPU"
+
+
+def measure_matmul_flops(device: torch.device, n: int = 1024, reps: int = 4) -> float:
+    """A quick matrix-product throughput reading: the practical ceiling on a CPU."""
+    gen = torch.Generator(device=device).manual_seed(0)  # a private generator: the run's RNG stream stays untouched
+    a, b = (torch.randn(n, n, device=device, generator=gen) for _ in range(2))
+    a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n ** 3 * reps / (time.perf_counter() - start)
