@@ -47,9 +47,10 @@ def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, 
 
 def eval_extras(model: torch.nn.Module, tokenizer, cfg: RunConfig, rt: Runtime, step: int, out_dir: Path,
                 tracker) -> None:
-    """Samples and attention at this step: to wandb (images, tables, scalars) and to the run folder."""
-    import matplotlib.pyplot as plt
+    """Samples and attention at this step: to wandb (images, tables, scalars) and to the run folder.
 
+    `model` must be the bare GPT (not DDP or compiled): the attention hooks live on its modules.
+    """
     media: dict = {}
     if cfg.log.sample_tokens > 0:
         try:
@@ -63,21 +64,10 @@ def eval_extras(model: torch.nn.Module, tokenizer, cfg: RunConfig, rt: Runtime, 
             import wandb
             media["samples"] = wandb.Table(columns=["step", "sample"], data=[[step, s] for s in samples])
     if cfg.log.attention:
-        from inspector.report import probe_attention
+        from inspector.report import probe_attention, wandb_media
 
-        was_training = model.training
-        model.eval()
         probe = probe_attention(model, tokenizer, cfg.log.probe_prompt, out_dir / "attention" / f"step_{step:06d}")
-        model.train(was_training)
         tracker.log({"step": step, **probe["scalars"]})
         if tracker.wandb is not None:
-            import wandb
-            media["attention/grid"] = wandb.Image(probe["figure"])
-            media["attention/head_scores"] = wandb.Image(probe["scores_figure"])
-            rows = probe["stats"]
-            if rows:
-                cols = list(rows[0].keys())
-                media["attention/head_stats"] = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])
-        plt.close(probe["figure"])
-        plt.close(probe["scores_figure"])
+            media.update(wandb_media(probe))
     tracker.log_media(step, media)

@@ -56,18 +56,18 @@ class CombinedOptimizer(torch.optim.Optimizer):
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     groups = param_groups(model)
-    fused = device_type == "cuda"
+    fused = device_type in ("cuda", "cpu")  # one fused kernel per step; the per-tensor loop costs ms on CPU
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         opt = torch.optim.AdamW([
             {"params": groups["hidden"] + groups["embed"], "weight_decay": cfg.weight_decay, "base_lr": cfg.lr},
             {"params": groups["vector"], "weight_decay": 0.0, "base_lr": cfg.lr},
-        ], lr=cfg.lr, betas=betas, fused=fused or None)
+        ], lr=cfg.lr, betas=betas, fused=fused)
         return opt
     adam = torch.optim.AdamW([
         {"params": groups["embed"], "weight_decay": cfg.weight_decay, "base_lr": cfg.lr},
         {"params": groups["vector"], "weight_decay": 0.0, "base_lr": cfg.lr},
-    ], lr=cfg.lr, betas=betas, fused=fused or None)
+    ], lr=cfg.lr, betas=betas, fused=fused)
     muon = torch.optim.Muon([{"params": groups["hidden"], "base_lr": cfg.muon_lr}], lr=cfg.muon_lr,
                             weight_decay=cfg.weight_decay, momentum=0.95, adjust_lr_fn="match_rms_adamw")
     return CombinedOptimizer([muon, adam])

@@ -1,0 +1,65 @@
+"""Look at what the attention heads of a checkpoint do on a prompt.
+
+    python -m scripts.attention --ckpt checkpoints/shakespeare_char --prompt "ROMEO:" --generate 60
+
+writes into --out: attention_grid.png (layers x heads), attention_layer{i}.png, head_scores.png,
+attention.html (self-contained viewer), head_stats.json / .csv and attention.npz (raw weights and tokens).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scripts.cli import run_main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scripts.attention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True,
+                   help="checkpoint directory, or a run folder (best/, else latest/); required")
+    p.add_argument("--prompt", required=True, help="text to run through the model; required")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="generate N tokens after the prompt first, then capture prompt + continuation "
+                        "(default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature for --generate; 0 = greedy (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sampler and of the induction probe's random tokens (default: %(default)s)")
+    p.add_argument("--layers", type=int, nargs="+", default=None, metavar="L", help="layers to show (default: all)")
+    p.add_argument("--heads", type=int, nargs="+", default=None, metavar="H", help="heads to show (default: all)")
+    p.add_argument("--max-tokens", type=int, default=128, metavar="N",
+                   help="keep at most the last N tokens, and at most block_size (default: %(default)s)")
+    p.add_argument("--out", default="out/attention", help="output folder (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | mps (default: %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from model.checkpoint import load_checkpoint  # after parsing, so -h answers without importing torch
+    from inspector.report import inspect_attention
+
+    ck = load_checkpoint(args.ckpt, device=args.device)
+    result = inspect_attention(ck.model, ck.tokenizer, args.prompt, args.out, generate=args.generate,
+                               layers=args.layers, heads=args.heads, max_tokens=args.max_tokens,
+                               temperature=args.temperature, seed=args.seed, title=f"attention \u00b7 {ck.path}")
+    cap = result["capture"]
+    if result["dropped"]:
+        print(f"note: kept the last {len(cap.token_ids)} tokens (dropped {result['dropped']})", file=sys.stderr)
+    print(f"{len(cap.token_ids)} tokens, {len(cap.layers)} layers x {len(cap.heads)} heads")
+    for name in ("induction", "prev_token", "first_token"):
+        rows = [s for s in result["stats"] if s.get(name) is not None]
+        if rows:
+            best = max(rows, key=lambda s: s[name])
+            print(f"strongest {name.replace('_', '-')} head: L{best['layer']} H{best['head']} ({best[name]:.2f})")
+    labels: dict[str, int] = {}
+    for s in result["stats"]:
+        labels[s["label"]] = labels.get(s["label"], 0) + 1
+    print("head labels: " + ", ".join(f"{k} {v}" for k, v in sorted(labels.items(), key=lambda kv: -kv[1])))
+    for path in result["paths"].values():
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,131 @@
+"""Training throughput, side by side in one run: a plain fp32 PyTorch loop against attngpt's trainer.
+
+    python -m scripts.bench_train --config configs/gpt2_124m.toml --batch 1 --steps 8
+
+Each contestant runs in its own process (so peak memory is its own), on the same model shape and batch. Prints
+tokens/s, MFU against the measured matmul peak, peak resident memory, and the ratio to the plain loop.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scripts.cli import add_config_options, make_parser, resolve_config, run_main
+
+
+def plain_loop(cfg, steps: int) -> list[float]:
+    """The textbook loop: fp32 forward, backward, clip, torch's default AdamW, random tokens."""
+    import torch
+
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    B, T = cfg.train.batch_size, cfg.model.block_size
+    times = []
+    for _ in range(steps):
+        x = torch.randint(0, cfg.model.vocab_size, (B, T))
+        t0 = time.perf_counter()
+        _, loss = model(x, x)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def trainer_loop(cfg, steps: int) -> list[float]:
+    """attngpt's own training loop on the config's data, step times read back from metrics.jsonl."""
+    from train.loop import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.train.out_dir, cfg.train.max_iters = tmp, steps
+        cfg.train.eval_interval, cfg.train.eval_iters, cfg.train.log_interval = steps, 1, 1
+        cfg.log.sample_tokens, cfg.log.attention, cfg.log.wandb = 0, False, False
+        train(cfg)
+        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    return [r["step_time_ms"] / 1000 for r in rows if "step_time_ms" in r]
+
+
+def child(which: str, argv: list[str], steps: int, warmup: int) -> None:
+    parser = make_parser("bench_train (child)", None)
+    add_config_options(parser)
+    cfg = resolve_config(parser.parse_args(argv))
+    from data.meta import read_meta
+    from data.prepare import prepare
+
+    prepare(cfg.data, verbose=False)
+    cfg.model.vocab_size = cfg.model.vocab_size or read_meta(cfg.data.dir)["vocab_size"]
+    times = (plain_loop if which == "plain" else trainer_loop)(cfg, steps + warmup)[warmup:]
+    import torch
+
+    from model.gpt import GPT
+    from train.runtime import measure_matmul_flops
+
+    with torch.device("meta"):
+        flops_per_token = GPT(cfg.model).flops_per_token()
+    tokens = cfg.train.batch_size * cfg.model.block_size * cfg.train.grad_accum
+    step = statistics.median(times)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"tokens_per_s": tokens / step, "step_s": step, "flops_per_token": flops_per_token,
+                      "peak_rss": peak_rss, "matmul_peak": measure_matmul_flops(torch.device("cpu"), 2048, 3)}))
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[5:], int(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    parser = make_parser("python -m scripts.bench_train", __doc__)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per contestant (default: 8)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (default: 2)")
+    parser.add_argument("--only", choices=["plain", "trainer"], help="run one contestant (default: both)")
+    add_config_options(parser)
+    args, _ = parser.parse_known_args()
+    resolve_config(args)  # validate before spending minutes
+    passthrough = _strip(sys.argv[1:], ("--steps", "--warmup", "--only"))
+    results = {}
+    for which in ([args.only] if args.only else ["plain", "trainer"]):
+        proc = subprocess.run([sys.executable, "-m", "scripts.bench_train", "--child", which, str(args.steps),
+                               str(args.warmup), *passthrough], capture_output=True, text=True,
+                              env={**os.environ, "WANDB_MODE": "disabled"})
+        if proc.returncode != 0:
+            raise RuntimeError(f"{which} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else '?'}")
+        results[which] = json.loads(proc.stdout.strip().splitlines()[-1])
+    base = results.get("plain", {}).get("tokens_per_s")
+    print(f"{'contestant':<10} {'tokens/s':>9} {'step s':>8} {'MFU':>6} {'peak RSS':>9} {'vs plain':>8}")
+    for which, r in results.items():
+        mfu = r["tokens_per_s"] * r["flops_per_token"] / r["matmul_peak"]
+        ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+        print(f"{which:<10} {r['tokens_per_s']:>9.1f} {r['step_s']:>8.3f} {mfu:>6.1%} "
+              f"{r['peak_rss'] / 2**30:>7.2f}GB {ratio:>8}")
+    any_r = next(iter(results.values()))
+    ceiling = any_r["matmul_peak"] / any_r["flops_per_token"]
+    print(f"ceiling at the measured matmul peak ({any_r['matmul_peak'] / 1e9:.0f} GFLOP/s): {ceiling:.0f} tokens/s; "
+          + ", ".join(f"{w} reaches {r['tokens_per_s'] / ceiling:.0%}" for w, r in results.items()))
+    return 0
+
+
+def _strip(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    run_main(main)
