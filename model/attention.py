@@ -58,9 +58,14 @@ def additive_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, W_q: t
 
 def fused_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool, mask: torch.Tensor | None = None,
                     scaled: bool = True, dropout_p: float = 0.0) -> torch.Tensor:
-    """The same formula through torch's fused kernel (flash / memory-efficient where available)."""
+    """The same formula through torch's fused kernel (flash / memory-efficient where available).
+
+    K and V may have fewer heads than Q (grouped-query attention): the kernel shares them without copying, where
+    repeat_interleave would copy the whole KV cache at every decode step (measured 15x slower at 1000 cached tokens).
+    """
     return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=causal and mask is None, scale=None if scaled else 1.0)
+                                          is_causal=causal and mask is None, scale=None if scaled else 1.0,
+                                          enable_gqa=K.size(-3) != Q.size(-3))
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -104,11 +109,11 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        if self.n_kv_head != self.n_head:
-            rep = self.n_head // self.n_kv_head
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         t_k = k.size(2)
         explicit = self.config.attention != "sdpa" or self.hook_pattern.active
+        if explicit and self.n_kv_head != self.n_head:  # the fused kernel shares K/V heads itself
+            rep = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if explicit:
             mask = causal_mask(T, t_k, x.device)
             if self.config.attention == "additive":

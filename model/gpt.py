@@ -10,6 +10,7 @@ from torch import nn
 from model.attention import rope_tables
 from model.config import ModelConfig
 from model.layers import Block, make_norm, sinusoidal_table
+from model.loss import chunked_cross_entropy
 
 
 class GPT(nn.Module):
@@ -52,11 +53,15 @@ class GPT(nn.Module):
                 else:
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache=None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache=None, logits_to_keep: int = 0,
+                return_logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy or None). Targets of -1 are ignored.
 
         With a KV cache, idx holds only the new tokens; their positions start at `cache.pos`.
+        `logits_to_keep` > 0 (as in Hugging Face) computes logits for the last that many positions only: a prefill
+        then skips a [T, n_embd] x [n_embd, vocab] product it would throw away. Ignored when targets are given.
+        `return_logits=False` with targets (the training step) returns (None, loss) and computes the loss chunk by
+        chunk without keeping [B, T, vocab] logits (model/loss.py).
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
@@ -76,7 +81,12 @@ class GPT(nn.Module):
             x = block(x, rope=rope, cache=cache, layer=i)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(self.ln_f(x))
+        if logits_to_keep and targets is None:
+            x = x[:, -logits_to_keep:]
+        x = self.ln_f(x)
+        if targets is not None and not return_logits:
+            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, softcap=self.config.logit_softcap)
+        logits = self.lm_head(x)
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)

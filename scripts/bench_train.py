@@ -2,8 +2,9 @@
 
     python -m scripts.bench_train --config configs/gpt2_124m.toml --batch 1 --steps 8
 
-Each contestant runs in its own process (so peak memory is its own), on the same model shape and batch. Prints
-tokens/s, MFU against the measured matmul peak, peak resident memory, and the ratio to the plain loop.
+Each contestant runs in its own process (so peak memory is its own), on the same model shape and batch, and the
+two alternate for `--rounds` rounds. Prints median tokens/s, MFU against the measured fp32 matmul peak, peak
+resident memory, and the ratio to the plain loop.
 """
 from __future__ import annotations
 
@@ -88,18 +89,26 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per contestant (default: 8)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (default: 2)")
     parser.add_argument("--only", choices=["plain", "trainer"], help="run one contestant (default: both)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternate the contestants this many times; medians are reported (default: 2)")
     add_config_options(parser)
     args, _ = parser.parse_known_args()
     resolve_config(args)  # validate before spending minutes
-    passthrough = _strip(sys.argv[1:], ("--steps", "--warmup", "--only"))
-    results = {}
-    for which in ([args.only] if args.only else ["plain", "trainer"]):
-        proc = subprocess.run([sys.executable, "-m", "scripts.bench_train", "--child", which, str(args.steps),
-                               str(args.warmup), *passthrough], capture_output=True, text=True,
-                              env={**os.environ, "WANDB_MODE": "disabled"})
-        if proc.returncode != 0:
-            raise RuntimeError(f"{which} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else '?'}")
-        results[which] = json.loads(proc.stdout.strip().splitlines()[-1])
+    passthrough = _strip(sys.argv[1:], ("--steps", "--warmup", "--only", "--rounds"))
+    runs: dict[str, list[dict]] = {}
+    for _ in range(max(1, args.rounds)):  # alternating, so a slow spell of a shared machine hits both
+        for which in ([args.only] if args.only else ["plain", "trainer"]):
+            proc = subprocess.run([sys.executable, "-m", "scripts.bench_train", "--child", which, str(args.steps),
+                                   str(args.warmup), *passthrough], capture_output=True, text=True,
+                                  env={**os.environ, "WANDB_MODE": "disabled"})
+            if proc.returncode != 0:
+                last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
+                raise RuntimeError(f"{which} failed: {last}")
+            runs.setdefault(which, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    results = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
+    if len(runs) == 2:
+        per_round = [t["tokens_per_s"] / p["tokens_per_s"] for p, t in zip(runs["plain"], runs["trainer"])]
+        print("trainer / plain per round: " + ", ".join(f"{r:.2f}x" for r in per_round))
     base = results.get("plain", {}).get("tokens_per_s")
     print(f"{'contestant':<10} {'tokens/s':>9} {'step s':>8} {'MFU':>6} {'peak RSS':>9} {'vs plain':>8}")
     for which, r in results.items():

@@ -116,8 +116,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, monke
     good = load_checkpoint(latest).model.state_dict()
     original = GPT.forward
 
-    def poisoned(self, idx, targets=None, cache=None):
-        logits, loss = original(self, idx, targets, cache)
+    def poisoned(self, idx, targets=None, **kwargs):
+        logits, loss = original(self, idx, targets, **kwargs)
         return logits, (loss * float("nan") if loss is not None and self.training else loss)
 
     monkeypatch.setattr(GPT, "forward", poisoned)

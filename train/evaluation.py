@@ -40,7 +40,8 @@ def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, 
     was_training = model.training
     model.eval()
     ids = tokenizer.encode(prompt) or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
-    out = generate(model, [ids] * n, n_tokens, SamplingSettings(temperature=0.8, top_k=200), seed=seed)
+    out = generate(model, [ids] * n, n_tokens, SamplingSettings(temperature=0.8, top_k=200), seed=seed,
+                   vocab_limit=tokenizer.vocab_size)  # a padded head may hold ids the tokenizer lacks
     model.train(was_training)
     return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
 

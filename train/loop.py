@@ -223,7 +223,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 sync = not rt.distributed or micro == tc.grad_accum - 1
                 with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
-                    _, loss = model(x, y)
+                    # the chunked head+loss keeps no [B, T, vocab] logits; compiled graphs get the plain path
+                    _, loss = model(x, y, return_logits=tc.compile)
                     loss = loss / tc.grad_accum
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()

@@ -1,0 +1,60 @@
+"""Options shared by the scripts that run a trained model (sample, evaluate, convert): checkpoint, device, dtype."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from model.checkpoint import Checkpoint
+from model.interop import load_any
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option shows its default; the description keeps its line breaks."""
+
+
+def add_model_options(parser: argparse.ArgumentParser, many: bool = False) -> None:
+    what = ("checkpoint folder or run folder (best/, else latest/), an HF GPT-2 folder, a nanoGPT ckpt.pt, "
+            "or a hub name gpt2|gpt2-medium|gpt2-large|gpt2-xl (online only)")
+    if many:
+        parser.add_argument("--ckpt", action="append", required=True, help=what + "; repeat to compare")
+    else:
+        parser.add_argument("--ckpt", required=True, help=what)
+    parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu) | cpu | cuda | cuda:N | mps")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="weights and cache dtype; auto = bfloat16 on CUDA, float32 elsewhere")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device: {name} asked for, but no CUDA device is available")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device: mps asked for, but it is not available")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N, mps") from None
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return DTYPES[name]
+
+
+def load_model(spec: str, device_name: str, dtype_name: str) -> Checkpoint:
+    """Load any supported checkpoint on the chosen device, cast to the chosen dtype, in eval mode."""
+    device = pick_device(device_name)
+    ckpt = load_any(spec, device)
+    ckpt.model.to(dtype=pick_dtype(dtype_name, device)).eval()
+    return ckpt
