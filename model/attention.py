@@ -120,9 +120,9 @@ class CausalSelfAttention(nn.Module):
                 y, attn = additive_attention(q, k, v, self.add_wq, self.add_wk, self.add_v, mask)
             else:
                 y, attn = scaled_dot_product_attention(q, k, v, mask, scaled=self.config.scaled)
-            attn = self.hook_pattern(attn)
-            if self.training and self.config.dropout > 0:
-                y = self.attn_dropout(attn) @ v
+            hooked = self.hook_pattern(attn)  # a hook may return an edited pattern (activation patching)
+            if hooked is not attn or (self.training and self.config.dropout > 0):
+                y = self.attn_dropout(hooked) @ v
         else:
             mask = None if t_k == T or T == 1 else causal_mask(T, t_k, x.device)
             y = fused_attention(q, k, v, causal=T > 1, mask=mask, scaled=self.config.scaled,

@@ -71,6 +71,8 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
 
 def _swap_in(tmp: Path, final: Path) -> None:
     old = final.with_name(f".{final.name}.old")
+    if old.exists() and not final.exists():
+        os.replace(old, final)  # an earlier swap was cut between its renames: restore before replacing
     if old.exists():
         shutil.rmtree(old)
     if final.exists():

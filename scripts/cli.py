@@ -70,6 +70,19 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
     return value
 
 
+def unescape(text: str) -> str:
+    r"""Only \n, \t and \\: enough to type a newline on a command line, without mangling non-ASCII text or paths."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "nt\\":
+            out.append({"n": "\n", "t": "\t", "\\": "\\"}[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
 def _parse_str(key: str, text: str, typ: type) -> Any:
     """Turn a command-line string into the field's type."""
     if typ is bool:
@@ -84,7 +97,7 @@ def _parse_str(key: str, text: str, typ: type) -> Any:
             return typ(text)
         except ValueError:
             raise ValueError(f"{key}: expected {typ.__name__}, got {text!r}") from None
-    return text.encode("utf-8").decode("unicode_escape") if "\\" in text else text
+    return unescape(text)
 
 
 def config_from_dict(raw: dict, base: RunConfig | None = None) -> RunConfig:

@@ -15,7 +15,7 @@ import sys
 
 from model.inference import SamplingSettings, check_max_new_tokens, make_generator
 from model.text_stream import stream_text
-from scripts.cli import run_main
+from scripts.cli import run_main, unescape
 from scripts.inference_args import HelpFormatter, add_model_options, load_model
 
 SEPARATOR = "---------------"
@@ -43,19 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--echo", action=argparse.BooleanOptionalAction, default=True,
                    help="print the prompt before its continuation (never in -i mode)")
     return p
-
-
-def unescape(text: str) -> str:
-    r"""Only \n, \t and \\ : enough to type a stop string on a command line, without mangling non-ASCII text."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "nt\\":
-            out.append({"n": "\n", "t": "\t", "\\": "\\"}[text[i + 1]])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 def read_prompt(args: argparse.Namespace) -> str:

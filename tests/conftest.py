@@ -12,6 +12,8 @@ SHARED_TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hugging Face hub
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def small_corpus_text() -> str:

@@ -229,3 +229,29 @@ def test_wandb_offline_run_is_written(tiny_config, tmp_path, monkeypatch):
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
     assert b"n_embd" in record and b"max_iters" in record  # the resolved config is the run config
     assert b"val/loss" in record and b"attn/max_induction" in record
+
+
+def test_resume_from_the_command_line_after_a_pause(tmp_path, corpus_file):
+    """A fresh process with the same flags continues the run (vocab_size 0 = "from the data" must match)."""
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "scripts.train", "--config", "configs/tiny.toml", "--data.source", "files",
+            "--data.path", str(corpus_file), "--data.dir", str(tmp_path / "d"), "--train.out_dir", str(run),
+            "--log.attention", "false", "--log.sample_tokens", "0"]
+    first = subprocess.run([*base, "--train.stop_at", "10"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = subprocess.run([*base, "--train.resume", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming at step 10" in second.stderr
+    assert sorted(step_losses(run)) == [1, 5, 10, 15, 20]
+
+
+def test_attention_probe_falls_back_when_the_vocabulary_cannot_spell_it(tiny_config, tmp_path):
+    corpus = tmp_path / "lower.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 400)
+    tiny_config.data.path = str(corpus)
+    tiny_config.data.dir = str(tmp_path / "lower")
+    tiny_config.log.attention = True
+    tiny_config.train.max_iters = 10
+    train(tiny_config)
+    stats = Path(tiny_config.train.out_dir) / "attention" / "step_000010" / "head_stats.json"
+    assert stats.is_file()

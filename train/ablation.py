@@ -64,24 +64,13 @@ def check_budget(cfg: RunConfig) -> None:
 
 
 def ensure_probe(cfg: RunConfig) -> None:
-    """Make sure the trainer's attention probe can be tokenized; if the built-in probe cannot (a char vocabulary
-    of another corpus), use a fixed window of the val split instead, so every variant sees the same probe."""
-    from data.loader import ShardLoader
+    """Fix the attention probe before the variants run, so every variant sees the same one."""
     from data.prepare import prepare
     from data.tokenizers import load_tokenizer
-    from inspector.capture import encode_prompt
-    from inspector.report import DEFAULT_PROBE
+    from train.evaluation import probe_text
 
     prepare(cfg.data)
-    tokenizer = load_tokenizer(cfg.data.dir)
-    try:
-        encode_prompt(tokenizer, cfg.log.probe_prompt or DEFAULT_PROBE)
-        return
-    except ValueError:
-        if cfg.log.probe_prompt:
-            raise ValueError("log.probe_prompt: the data's tokenizer cannot encode it") from None
-    x, _ = ShardLoader(cfg.data.dir, "val", 1, min(64, cfg.model.block_size), cfg.train.seed).get_batch(0)
-    cfg.log.probe_prompt = tokenizer.decode(x[0].tolist())
+    cfg.log.probe_prompt = probe_text(cfg, load_tokenizer(cfg.data.dir))
 
 
 def run_variant(cfg: RunConfig, variant: str) -> dict:

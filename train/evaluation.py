@@ -32,6 +32,22 @@ def estimate_losses(model: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> dict
     return out
 
 
+def probe_text(cfg: RunConfig, tokenizer) -> str:
+    """The text whose attention is captured at each eval: log.probe_prompt, else the built-in probe, else (a char
+    vocabulary that cannot spell it) a fixed window of the val split, so every eval and every run sees the same."""
+    from inspector.capture import encode_prompt
+    from inspector.report import DEFAULT_PROBE
+
+    try:
+        encode_prompt(tokenizer, cfg.log.probe_prompt or DEFAULT_PROBE)
+        return cfg.log.probe_prompt
+    except ValueError:
+        if cfg.log.probe_prompt:
+            raise ValueError("log.probe_prompt: the data's tokenizer cannot encode it") from None
+    x, _ = ShardLoader(cfg.data.dir, "val", 1, min(64, cfg.model.block_size), cfg.train.seed).get_batch(0)
+    return tokenizer.decode(x[0].tolist())
+
+
 @torch.no_grad()
 def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, seed: int, n: int = 2) -> list[str]:
     """A few continuations with a fixed seed, so samples across evals differ only because the model changed."""

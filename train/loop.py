@@ -27,12 +27,12 @@ from model.checkpoint import (load_trainer_state, load_weights, read_run_config,
                               save_checkpoint, unwrap)
 from model.gpt import GPT
 from train.config import RunConfig
-from train.evaluation import estimate_losses, eval_extras
+from train.evaluation import estimate_losses, eval_extras, probe_text
 from train.optim import build_optimizer, lr_factor, set_lr
 from train.runtime import Runtime, peak_flops, setup, teardown
 from train.tracking import Tracker
 
-RUN_ARTIFACTS = ("metrics.jsonl", "latest", "best", "attention", "wandb")
+RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb")
 
 
 class StopRequested:
@@ -56,7 +56,7 @@ class StopRequested:
 
 
 def _holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in ("metrics.jsonl", "latest", "best"))
+    return any((out / name).exists() for name in ("metrics.jsonl", "latest", "best", ".latest.old"))
 
 
 def _resume_point(cfg: RunConfig, out: Path) -> Path | None:
@@ -66,20 +66,27 @@ def _resume_point(cfg: RunConfig, out: Path) -> Path | None:
         if latest.name == "best":
             return None
         saved = read_run_config(latest)
-        if saved.get("model") != cfg.to_dict()["model"] or saved.get("data", {}).get("tokenizer") != cfg.data.tokenizer:
+        wanted = cfg.to_dict()["model"]
+        if wanted["vocab_size"] == 0:  # "take it from the data": the saved run has the resolved number
+            wanted["vocab_size"] = saved.get("model", {}).get("vocab_size")
+        if saved.get("model") != wanted or saved.get("data", {}).get("tokenizer") != cfg.data.tokenizer:
             if cfg.train.overwrite:
                 return None
             raise ValueError(f"train.out_dir: {out} holds a different run (its model config differs); "
                              "pick another out_dir or pass --train.overwrite true")
         return latest
     if _holds_run(out) and not cfg.train.overwrite:
+        if cfg.train.resume == "auto":
+            raise ValueError(f"train.out_dir: {out} holds a run with no checkpoint to resume from; "
+                             "replace it with --train.overwrite true")
         raise ValueError(f"train.out_dir: {out} already holds a run; continue it with --train.resume auto "
                          "or replace it with --train.overwrite true")
     return None
 
 
 def _clear_run(out: Path) -> None:
-    for name in RUN_ARTIFACTS:
+    leftovers = [p.name for p in out.glob(".*.tmp-*")] if out.exists() else []  # saves cut short by a kill
+    for name in (*RUN_ARTIFACTS, *leftovers):
         path = out / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -92,12 +99,15 @@ def _barrier(rt: Runtime) -> None:
         dist.barrier()
 
 
-def _any_rank(rt: Runtime, flag: bool) -> bool:
+def _agree(rt: Runtime, flag: bool, elapsed: float) -> tuple[bool, float]:
+    """All ranks take the same stop decision and the same clock (the slowest's), so their loops stay in step
+    and a time-based LR schedule gives every replica the same LR."""
     if not rt.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=rt.device if rt.device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
-    return bool(t.item() > 0)
+        return flag, elapsed
+    t = torch.tensor([1.0 if flag else 0.0, elapsed], dtype=torch.float64,
+                     device=rt.device if rt.device.type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t[0].item() > 0), float(t[1].item())
 
 
 def _rng_state() -> dict:
@@ -138,6 +148,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     elif cfg.model.vocab_size < meta["vocab_size"]:
         raise ValueError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the data's {meta['vocab_size']}")
     tokenizer = load_tokenizer(cfg.data.dir)
+    if cfg.log.attention and rt.is_main:
+        cfg.log.probe_prompt = probe_text(cfg, tokenizer)
     run_config = cfg.to_dict()
 
     torch.manual_seed(tc.seed)
@@ -254,10 +266,10 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
                               "grad_norm": float(grad_norm), "tokens/s": tok_s, "step_time_ms": dt * 1000,
                               "elapsed_s": round(elapsed, 3)}
                     if peak:
-                        record["mfu"] = flops_per_step / dt / peak
+                        record["mfu"] = flops_per_step / dt / (peak * rt.world_size)
                         record["peak_flops"] = peak
                     tracker.log(record)
-            stopping = _any_rank(rt, stop.flag)
+            stopping, elapsed = _agree(rt, stop.flag, elapsed)
             at_eval = step % tc.eval_interval == 0 or step == tc.max_iters
             if rt.is_main and at_eval:
                 last_val = run_eval()

@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import Any
 
 
+def _step_of(line: str) -> int | None:
+    """The step of a metrics line; None for a line cut short by a kill (it is dropped)."""
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
 class MetricsLog:
     """Append-only JSON lines; on resume, lines past the resumed step are dropped so none repeat."""
 
@@ -21,7 +29,7 @@ class MetricsLog:
         if resume_step is None:
             path.write_text("")
         elif path.exists():
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            keep = [ln for ln in path.read_text().splitlines() if _step_of(ln) is not None and _step_of(ln) <= resume_step]
             path.write_text("".join(ln + "\n" for ln in keep))
 
     def write(self, record: dict[str, Any]) -> None:
