@@ -87,6 +87,9 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     ablation.check_budget(cfg)
+    if lengths:  # a missing device fails now, not after minutes of training
+        from train.runtime import pick_device
+        pick_device(args.cost_device, option="--cost-device")
     variants = ablation.run_variants(cfg, args.out, tuple(dict.fromkeys(args.variants)))
     print(ablation.variants_table(variants))
     saturation = ablation.softmax_saturation(tuple(dims), args.saturation_keys) if dims else []

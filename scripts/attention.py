@@ -37,9 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from model.checkpoint import load_checkpoint  # after parsing, so -h answers without importing torch
+    from scripts.inference_args import pick_device
     from inspector.report import inspect_attention
 
-    ck = load_checkpoint(args.ckpt, device=args.device)
+    ck = load_checkpoint(args.ckpt, device=pick_device(args.device))
     result = inspect_attention(ck.model, ck.tokenizer, args.prompt, args.out, generate=args.generate,
                                layers=args.layers, heads=args.heads, max_tokens=args.max_tokens,
                                temperature=args.temperature, seed=args.seed, title=f"attention \u00b7 {ck.path}")

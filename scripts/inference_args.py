@@ -5,6 +5,8 @@ import argparse
 
 import torch
 
+from train.runtime import pick_device as runtime_pick_device
+
 from model.checkpoint import Checkpoint
 from model.interop import load_any
 
@@ -28,20 +30,7 @@ def add_model_options(parser: argparse.ArgumentParser, many: bool = False) -> No
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device: {name} asked for, but no CUDA device is available")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device: mps asked for, but it is not available")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N, mps") from None
+    return runtime_pick_device(name, option="--device")
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

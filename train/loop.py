@@ -178,6 +178,7 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
 
     train_loader = ShardLoader(cfg.data.dir, "train", tc.batch_size, cfg.model.block_size, tc.seed,
                                rank=rt.rank, world_size=rt.world_size)
+    ShardLoader(cfg.data.dir, "val", tc.batch_size, cfg.model.block_size, tc.seed)  # a too-small val split fails now
     tokens_per_step = tc.batch_size * cfg.model.block_size * tc.grad_accum * rt.world_size
     flops_per_step = raw_model.flops_per_token() * tokens_per_step
     peak, peak_source = peak_flops(rt.device, rt.dtype) if rt.is_main else (0.0, "")
@@ -234,11 +235,12 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
                 x, y = train_loader.get_batch(step, micro)
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 sync = not rt.distributed or micro == tc.grad_accum - 1
-                with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
-                    # the chunked head+loss keeps no [B, T, vocab] logits; compiled graphs get the plain path
-                    _, loss = model(x, y, return_logits=tc.compile)
-                    loss = loss / tc.grad_accum
-                scaler.scale(loss).backward()
+                with contextlib.nullcontext() if sync else model.no_sync():  # no all-reduce on micro-steps
+                    with rt.autocast():
+                        # the chunked head+loss keeps no [B, T, vocab] logits; compiled graphs get the plain path
+                        _, loss = model(x, y, return_logits=tc.compile)
+                        loss = loss / tc.grad_accum
+                    scaler.scale(loss).backward()
                 loss_sum += loss.detach()
             scaler.unscale_(optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tc.grad_clip or float("inf"))

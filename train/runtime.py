@@ -40,7 +40,8 @@ class Runtime:
         return self.dtype == torch.float16
 
 
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
+def pick_device(name: str, local_rank: int = 0, option: str = "train.device") -> torch.device:
+    """auto = cuda, then mps, then cpu; a device that is asked for but missing is a one-line error naming `option`."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank)
@@ -48,12 +49,15 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device: {name} asked for, but no CUDA device is available")
+        raise ValueError(f"{option}: {name} asked for, but no CUDA device is available")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("train.device: mps asked for, but it is not available")
+        raise ValueError(f"{option}: mps asked for, but it is not available")
     if name == "cuda":
         return torch.device("cuda", local_rank)
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{option}: {name!r} is not one of auto, cpu, cuda, cuda:N, mps") from None
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

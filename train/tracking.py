@@ -49,8 +49,12 @@ class Tracker:
             import wandb  # imported lazily: starting wandb costs seconds
 
             os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-            self.wandb = wandb.init(project=project, name=run_name or None, config=run_config, dir=str(out_dir),
-                                    id=run_id, resume="allow" if run_id else None)
+            try:
+                self.wandb = wandb.init(project=project, name=run_name or None, config=run_config,
+                                        dir=str(out_dir), id=run_id, resume="allow" if run_id else None)
+            except Exception as e:  # noqa: BLE001 - wandb raises its own error types (no login, no network)
+                raise ValueError(f"log.wandb: wandb could not start ({type(e).__name__}: {e}); run `wandb login`, "
+                                 "or set WANDB_MODE=offline to log locally") from None
             self.wandb.define_metric("*", step_metric="step")
 
     @property
