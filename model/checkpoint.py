@@ -116,12 +116,16 @@ def load_weights(model: GPT, directory: Path, device: str | torch.device = "cpu"
         state = load_file(str(directory / WEIGHTS), device=str(device))
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"corrupt checkpoint {directory}: {WEIGHTS} unreadable ({e})") from None
+    load_state(model, state, f"checkpoint {directory} does not match its config")
+
+
+def load_state(model: GPT, state: dict[str, torch.Tensor], mismatch: str) -> None:
+    """load_state_dict that tolerates only the tied head being absent; anything else missing or extra is an error."""
     missing, unexpected = model.load_state_dict(state, strict=False)
     if model.config.tie_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {directory} does not match its config: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}")
+        raise ValueError(f"{mismatch}: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from data.tokenizers import TOKENIZER_FILE, CharTokenizer, Tokenizer, gpt2_files, gpt2_tokenizer, load_tokenizer
-from model.checkpoint import Checkpoint, load_checkpoint, model_state, resolve_checkpoint_dir
+from model.checkpoint import Checkpoint, load_checkpoint, load_state, model_state, resolve_checkpoint_dir
 from model.config import ModelConfig
 from model.gpt import GPT
 
@@ -79,12 +79,7 @@ def state_to_hf(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def _load_matching(model: GPT, state: dict[str, torch.Tensor], source: str) -> None:
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if model.config.tie_embeddings:
-        missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise ValueError(f"{source}: weights do not match a GPT-2 of this config: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}")
+    load_state(model, state, f"{source}: weights do not match a GPT-2 of this config")
 
 
 # --- Hugging Face GPT-2 in ------------------------------------------------------------------------------------------
