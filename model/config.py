@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope", "sinusoidal")
-MLPS = ("gelu", "swiglu", "relu2", "relu")
+MLPS = ("gelu", "gelu_exact", "swiglu", "relu2", "relu")
 ATTENTIONS = ("sdpa", "manual", "additive")
 
 
@@ -23,7 +23,7 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm
     positions: str = "learned"  # learned | rope | sinusoidal
     rope_base: float = 10000.0
-    mlp: str = "gelu"  # gelu | swiglu | relu2 | relu
+    mlp: str = "gelu"  # gelu (tanh form, GPT-2) | gelu_exact (erf, nanoGPT) | swiglu | relu2 | relu
     attention: str = "sdpa"  # sdpa (fused kernel) | manual (explicit formula) | additive (Bahdanau)
     scaled: bool = True  # divide scores by sqrt(d_k); off only to study saturation
     qk_norm: bool = False  # normalise q and k per head before the dot product

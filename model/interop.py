@@ -84,12 +84,17 @@ def _load_matching(model: GPT, state: dict[str, torch.Tensor], source: str) -> N
 
 # --- Hugging Face GPT-2 in ------------------------------------------------------------------------------------------
 
+# HF activation_function -> attngpt mlp: GPT-2's tanh GELU, or the exact erf GELU (nanoGPT-trained models)
+HF_ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu": "gelu_exact"}
+
+
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     """ModelConfig from an HF GPT2Config dict; settings we cannot reproduce exactly are refused by name."""
     if hf.get("model_type") != "gpt2":
         raise ValueError(f"{source}: model_type {hf.get('model_type')!r} is not gpt2")
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"{source}: activation_function {hf['activation_function']!r} is not GPT-2's tanh GELU")
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in HF_ACTIVATIONS:
+        raise ValueError(f"{source}: activation_function {activation!r} is not one of {', '.join(HF_ACTIVATIONS)}")
     for key, ok in (("scale_attn_by_inverse_layer_idx", False), ("add_cross_attention", False)):
         if hf.get(key, ok) != ok:
             raise ValueError(f"{source}: {key} = {hf[key]!r} is not supported")
@@ -99,7 +104,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         return ModelConfig(vocab_size=int(hf["vocab_size"]), block_size=int(hf.get("n_positions", 1024)),
                            n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]), n_embd=int(hf["n_embd"]),
                            d_ff=int(hf.get("n_inner") or 0), bias=True, norm="layernorm", positions="learned",
-                           mlp="gelu", scaled=bool(hf.get("scale_attn_weights", True)),
+                           mlp=HF_ACTIVATIONS[activation], scaled=bool(hf.get("scale_attn_weights", True)),
                            tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{source}: not a usable GPT-2 config ({e})") from None
@@ -219,7 +224,7 @@ def load_nanogpt(ckpt_path: str | Path, meta_path: str | Path | None = None,
         config = ModelConfig(vocab_size=int(args["vocab_size"]), block_size=int(args["block_size"]),
                              n_layer=int(args["n_layer"]), n_head=int(args["n_head"]), n_embd=int(args["n_embd"]),
                              bias=bool(args.get("bias", True)), dropout=float(args.get("dropout", 0.0)),
-                             mlp="gelu", positions="learned", norm="layernorm", tie_embeddings=True)
+                             mlp="gelu_exact", positions="learned", norm="layernorm", tie_embeddings=True)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: model_args incomplete ({e})") from None
     model = GPT(config)
@@ -263,8 +268,10 @@ def load_any(spec: str | Path, device: str | torch.device = "cpu") -> Checkpoint
 def check_gpt2_shape(config: ModelConfig) -> None:
     """Raise ValueError naming every setting that GPT2LMHeadModel cannot express."""
     wrong = [f"{key} = {getattr(config, key)!r} (GPT-2: {want!r})" for key, want in
-             (("positions", "learned"), ("norm", "layernorm"), ("mlp", "gelu"), ("qk_norm", False),
+             (("positions", "learned"), ("norm", "layernorm"), ("qk_norm", False),
               ("logit_softcap", 0.0)) if getattr(config, key) != want]
+    if config.mlp not in ("gelu", "gelu_exact"):
+        wrong.append(f"mlp = {config.mlp!r} (GPT-2: 'gelu' or 'gelu_exact')")
     if config.kv_heads != config.n_head:
         wrong.append(f"n_kv_head = {config.n_kv_head} (GPT-2 has one key/value head per query head)")
     if config.attention == "additive":
@@ -278,7 +285,7 @@ def hf_config(config: ModelConfig, tokenizer: Tokenizer) -> dict:
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config.vocab_size,
             "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
             "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.d_ff or None,
-            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "resid_pdrop": config.dropout,
+            "activation_function": "gelu" if config.mlp == "gelu_exact" else "gelu_new", "layer_norm_epsilon": 1e-5, "resid_pdrop": config.dropout,
             "embd_pdrop": config.dropout, "attn_pdrop": config.dropout, "scale_attn_weights": config.scaled,
             "tie_word_embeddings": config.tie_embeddings, "bos_token_id": eot, "eos_token_id": eot,
             "initializer_range": 0.02, "use_cache": True}

@@ -18,7 +18,7 @@ def make_norm(config: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """Position-wise FFN: gelu (GPT-2, tanh approximation), swiglu (gate and up fused in c_fc), relu^2, or relu."""
+    """Position-wise FFN: gelu (GPT-2, tanh approximation), gelu_exact (erf, as nanoGPT), swiglu (gate and up fused in c_fc), relu^2, or relu."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -38,6 +38,8 @@ class MLP(nn.Module):
             h = F.relu(h).square()
         elif self.kind == "relu":
             h = F.relu(h)
+        elif self.kind == "gelu_exact":
+            h = F.gelu(h)
         else:
             h = F.gelu(h, approximate="tanh")
         return self.dropout(self.c_proj(h))

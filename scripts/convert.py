@@ -18,10 +18,6 @@ from model.interop import export_hf, load_any, load_hf_gpt2, load_nanogpt
 from scripts.cli import run_main
 from scripts.inference_args import HelpFormatter
 
-NANOGPT_GELU_NOTE = ("note: nanoGPT's MLP uses exact (erf) GELU, attngpt's the tanh approximation GPT-2 was trained "
-                     "with; logits differ slightly (about 1e-3)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scripts.convert", description=__doc__, formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="{from-hf,from-nanogpt,to-hf}")
@@ -61,7 +57,6 @@ def main() -> int:
         ckpt = load_hf_gpt2(args.src)
     else:
         ckpt = load_nanogpt(args.src, args.meta)
-        print(NANOGPT_GELU_NOTE)
     save_checkpoint(args.out, ckpt.model, ckpt.tokenizer, ckpt.config)
     print(f"wrote {args.out} ({ckpt.model.num_params() / 1e6:.1f}M params, {ckpt.tokenizer.name} tokenizer); "
           f"sample with: python -m scripts.sample --ckpt {args.out}")

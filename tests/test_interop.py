@@ -122,7 +122,7 @@ def test_export_refuses_models_gpt2_cannot_express(tmp_path):
 
 def nanogpt_checkpoint(tmp_path: Path, vocab: int, compiled: bool, bias: bool = True) -> tuple[Path, torch.nn.Module]:
     """A ckpt.pt laid out as nanoGPT's train.py writes it (model_args, model, optimizer, iter_num, ...)."""
-    model = tiny_model(vocab_size=vocab, bias=bias)
+    model = tiny_model(vocab_size=vocab, bias=bias, mlp="gelu_exact")  # nanoGPT's MLP uses erf GELU
     prefix = "_orig_mod." if compiled else ""
     state = {f"{prefix}{k if k == 'lm_head.weight' else 'transformer.' + k.replace('blocks.', 'h.')}": v
              for k, v in model.state_dict().items()}
@@ -150,6 +150,7 @@ def test_nanogpt_checkpoint_with_meta_pkl(tmp_path, compiled, bias):
     with torch.no_grad():
         assert torch.allclose(ckpt.model(idx)[0], model(idx)[0], atol=1e-6)
     assert ckpt.tokenizer.chars == chars and ckpt.config["data"]["tokenizer"] == "char"
+    assert ckpt.model.config.mlp == "gelu_exact"
 
 
 def test_nanogpt_gpt2_vocab_without_meta_uses_gpt2_bpe(tmp_path):
@@ -203,10 +204,10 @@ def test_convert_to_hf_and_from_nanogpt(tmp_path):
     write_meta(tmp_path / "meta.pkl", chars)
     res = run_script("scripts.convert", "from-nanogpt", "--src", str(path), "--out", str(tmp_path / "ours"))
     assert res.returncode == 0, res.stderr
-    assert "GELU" in res.stdout
     res = run_script("scripts.convert", "to-hf", "--ckpt", str(tmp_path / "ours"), "--out", str(tmp_path / "hf"))
     assert res.returncode == 0, res.stderr
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.activation_function == "gelu"  # nanoGPT's erf GELU survives the round trip
     assert same_logits(hf, model, len(chars)) < 1e-5
     again = run_script("scripts.convert", "to-hf", "--ckpt", str(tmp_path / "ours"), "--out", str(tmp_path / "hf"))
     assert again.returncode == 2 and again.stderr.startswith("error: --out") and len(again.stderr.splitlines()) == 1

@@ -102,3 +102,16 @@ def test_too_long_input_is_refused():
     model = GPT(_cfg())
     with pytest.raises(ValueError, match="block_size"):
         model(torch.zeros(1, 25, dtype=torch.long))
+
+
+def test_gelu_variants_are_the_tanh_and_erf_forms():
+    from model.layers import MLP
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 32) * 3
+    tanh, exact = MLP(_cfg(mlp="gelu")), MLP(_cfg(mlp="gelu_exact"))
+    exact.load_state_dict(tanh.state_dict())
+    h = tanh.c_fc(x)
+    assert torch.allclose(tanh(x), tanh.c_proj(torch.nn.functional.gelu(h, approximate="tanh")))
+    assert torch.allclose(exact(x), exact.c_proj(torch.nn.functional.gelu(h)))
+    assert not torch.allclose(tanh(x), exact(x))
