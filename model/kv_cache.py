@@ -16,8 +16,10 @@ class KVCache:
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.max_len = max_len or config.block_size
         shape = (config.n_layer, batch_size, config.kv_heads, self.max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # empty, not zeros: only positions [0, pos) are ever read, and they are written first; zeroing 2 x 8 MB at
+        # GPT-2 size costs ~4 ms of time to first token
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

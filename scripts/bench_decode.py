@@ -6,12 +6,14 @@
 All decoders get the same weights (ours exported to GPT2LMHeadModel) and decode greedily, so they do the same work
 and must produce the same tokens (checked and printed). tokens/s counts new tokens over the whole call, time to first
 token included; ms/token is the steady per-step time after the first token. An extra row shows the cost of sampling
-(temperature 0.8, top-k 200; top-p 0.9) on top of the cached decode. transformers is optional: without it its rows
+(temperature 0.8, top-k 200; top-p 0.9) on top of the cached decode. The "floor" row times the model's Linear layers
+alone on a one-token input: the weight reads every batch-1 step pays, i.e. the memory-bandwidth bound. transformers is optional: without it its rows
 are skipped.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Callable, Iterator
 
@@ -22,6 +24,10 @@ from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, stream_tokens
 from scripts.cli import run_main
 from scripts.inference_args import HelpFormatter
+
+
+OURS_ROW = "attngpt cached, greedy"
+HF_ROW = "transformers generate(), greedy"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate()")
     p.add_argument("--skip-sampling", action="store_true", help="leave out the sampling rows")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
+    p.add_argument("--rounds", type=int, default=1, help="time every decoder this many times, alternating; "
+                   "the table shows medians")
     return p
 
 
@@ -101,12 +109,29 @@ def hf_runner(model: GPT, idx: torch.Tensor) -> Callable | None:
     return run
 
 
+@torch.inference_mode()
+def matvec_floor(model: GPT, batch_size: int, reps: int = 20) -> tuple[float, float]:
+    """(seconds, bytes) of one pass over every Linear of the model on a one-token input: the weight reads that any
+    batch-1 decode step must pay, with none of the rest (attention, norms, Python). Decode cannot beat this.
+    Best of `reps`; measured once per round, as the machine's memory bandwidth drifts."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(batch_size, 1, m.in_features) for m in layers]
+    nbytes = sum(p.numel() * p.element_size() for m in layers for p in m.parameters())
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for m, x in zip(layers, inputs):
+            m(x)
+        best = min(best, time.perf_counter() - t0)
+    return best, nbytes
+
+
 def main() -> int:
     args = build_parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if min(args.new_tokens) < 2 or args.prompt_tokens < 1 or args.batch_size < 1:
-        raise ValueError("--new-tokens must be >= 2, --prompt-tokens and --batch-size >= 1")
+    if min(args.new_tokens) < 2 or args.prompt_tokens < 1 or args.batch_size < 1 or args.rounds < 1:
+        raise ValueError("--new-tokens must be >= 2, --prompt-tokens, --batch-size and --rounds >= 1")
     torch.manual_seed(args.seed)
     model = gpt2_small()
     idx = torch.randint(0, model.config.vocab_size, (args.batch_size, args.prompt_tokens))
@@ -114,7 +139,7 @@ def main() -> int:
     print(f"GPT-2 124M shape, random init, fp32, batch {args.batch_size}, {args.prompt_tokens}-token prompt, "
           f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}")
     print(f"{'decoder':<38}{'new':>5}{'tok/s':>9}{'TTFT ms':>10}{'ms/token':>10}  same tokens")
-    rows: list[tuple[str, Callable]] = [("attngpt cached, greedy", ours(model, idx, True, greedy))]
+    rows: list[tuple[str, Callable]] = [(OURS_ROW, ours(model, idx, True, greedy))]
     if not args.skip_sampling:
         rows.append(("attngpt cached, T 0.8 top-k 200", ours(model, idx, True, SamplingSettings(0.8, 200))))
         rows.append(("attngpt cached, top-p 0.9", ours(model, idx, True, SamplingSettings(1.0, 0, 0.9))))
@@ -122,20 +147,40 @@ def main() -> int:
         rows.append(("attngpt full recompute, greedy", ours(model, idx, False, greedy)))
     hf = None if args.skip_hf else hf_runner(model, idx)
     if hf is not None:
-        rows.append(("transformers generate(), greedy", hf))
+        rows.append((HF_ROW, hf))
     for _, run in rows:
         run(8)  # warm-up: the first call pays one-off allocations and lazy initialisation
+    ratios, floors = [], []
     for n in args.new_tokens:
+        # rounds alternate the decoders so that a slow spell of this shared machine hits all of them alike
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in rows}
+        same: dict[str, str] = {}
         reference = None
-        for name, run in rows:
-            first, total, toks = run(n)
-            same = ""
-            if "greedy" in name:
-                reference = toks if reference is None else reference
-                same = "yes" if torch.equal(toks, reference) else "NO"
-            steady = (total - first) / max(n - 1, 1) * 1000
-            print(f"{name:<38}{n:>5}{n * args.batch_size / total:>9.1f}{first * 1000:>10.1f}{steady:>10.1f}  {same}",
-                  flush=True)
+        for _ in range(args.rounds):
+            floors.append(matvec_floor(model, args.batch_size))
+            for name, run in rows:
+                first, total, toks = run(n)
+                results[name].append((first, total))
+                if "greedy" in name:
+                    reference = toks if reference is None else reference
+                    if same.get(name) != "NO":
+                        same[name] = "yes" if torch.equal(toks, reference) else "NO"
+        per_token = {}
+        for name, _ in rows:
+            first = statistics.median(f for f, _ in results[name])
+            total = statistics.median(t for _, t in results[name])
+            per_token[name] = total / n
+            steady = statistics.median((t - f) / max(n - 1, 1) for f, t in results[name]) * 1000
+            print(f"{name:<38}{n:>5}{n * args.batch_size / total:>9.1f}{first * 1000:>10.1f}{steady:>10.1f}  "
+                  f"{same.get(name, '')}", flush=True)
+        if HF_ROW in per_token:
+            ratios.append(f"{per_token[HF_ROW] / per_token[OURS_ROW]:.2f}x at {n}")
+    seconds, nbytes = statistics.median(s for s, _ in floors), floors[0][1]
+    print(f"{'floor: weight reads alone':<38}{'':>5}{args.batch_size / seconds:>9.1f}{'':>10}{seconds * 1000:>10.1f}"
+          f"  ({nbytes / 1e9:.2f} GB at {nbytes / seconds / 1e9:.1f} GB/s, median of {len(floors)})")
+    if ratios:
+        print(f"cached greedy decode / transformers generate(): {', '.join(ratios)} (tokens/s, medians of "
+              f"{args.rounds} round(s))")
     return 0
 
 
