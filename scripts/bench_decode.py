@@ -7,8 +7,8 @@ All decoders get the same weights (ours exported to GPT2LMHeadModel) and decode 
 and must produce the same tokens (checked and printed). tokens/s counts new tokens over the whole call, time to first
 token included; ms/token is the steady per-step time after the first token. An extra row shows the cost of sampling
 (temperature 0.8, top-k 200; top-p 0.9) on top of the cached decode. The "floor" row times the model's Linear layers
-alone on a one-token input: the weight reads every batch-1 step pays, i.e. the memory-bandwidth bound. transformers is optional: without it its rows
-are skipped.
+alone on a one-token input: the weight reads every batch-1 step pays, i.e. the memory-bandwidth bound. transformers
+is optional: without it its rows are skipped.
 """
 from __future__ import annotations
 

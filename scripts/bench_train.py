@@ -1,9 +1,10 @@
 """Training throughput, side by side in one run: a plain fp32 PyTorch loop against attngpt's trainer.
 
-    python -m scripts.bench_train --config configs/gpt2_124m.toml --batch 1 --steps 8
+    python -m scripts.bench_train --config configs/gpt2_124m.toml --train.batch_size 1 --train.grad_accum 1 --steps 6
 
 Each contestant runs in its own process (so peak memory is its own), on the same model shape and batch, and the
-two alternate for `--rounds` rounds. Prints median tokens/s, MFU against the measured fp32 matmul peak, peak
+two alternate for `--rounds` rounds. Prints median tokens/s, MFU against the matmul peak measured in the dtype
+each one computes in (the plain loop fp32; the trainer whatever `--train.dtype` resolves to), peak
 resident memory, and the ratio to the plain loop.
 """
 from __future__ import annotations
@@ -70,15 +71,18 @@ def child(which: str, argv: list[str], steps: int, warmup: int) -> None:
     import torch
 
     from model.gpt import GPT
-    from train.runtime import measure_matmul_flops
+    from train.runtime import measure_matmul_flops, pick_device, pick_dtype
 
+    device = pick_device(cfg.train.device, 0)
+    dtype = torch.float32 if which == "plain" else pick_dtype(cfg.train.dtype, device, cfg.model.n_embd)
     with torch.device("meta"):
         flops_per_token = GPT(cfg.model).flops_per_token()
     tokens = cfg.train.batch_size * cfg.model.block_size * cfg.train.grad_accum
     step = statistics.median(times)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"tokens_per_s": tokens / step, "step_s": step, "flops_per_token": flops_per_token,
-                      "peak_rss": peak_rss, "matmul_peak": measure_matmul_flops(torch.device("cpu"), 2048, 3)}))
+                      "peak_rss": peak_rss, "bf16": dtype == torch.bfloat16,
+                      "matmul_peak": measure_matmul_flops(device, 2048, 3, dtype)}))
 
 
 def main() -> int:
@@ -110,16 +114,19 @@ def main() -> int:
         per_round = [t["tokens_per_s"] / p["tokens_per_s"] for p, t in zip(runs["plain"], runs["trainer"])]
         print("trainer / plain per round: " + ", ".join(f"{r:.2f}x" for r in per_round))
     base = results.get("plain", {}).get("tokens_per_s")
-    print(f"{'contestant':<10} {'tokens/s':>9} {'step s':>8} {'MFU':>6} {'peak RSS':>9} {'vs plain':>8}")
+    print(f"{'contestant':<10} {'dtype':>6} {'tokens/s':>9} {'step s':>8} {'matmul peak':>12} {'MFU':>6} "
+          f"{'peak RSS':>9} {'vs plain':>8}")
     for which, r in results.items():
-        mfu = r["tokens_per_s"] * r["flops_per_token"] / r["matmul_peak"]
+        mfu = r["tokens_per_s"] * r["flops_per_token"] / r["matmul_peak"]  # against the peak of its own dtype
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-        print(f"{which:<10} {r['tokens_per_s']:>9.1f} {r['step_s']:>8.3f} {mfu:>6.1%} "
-              f"{r['peak_rss'] / 2**30:>7.2f}GB {ratio:>8}")
-    any_r = next(iter(results.values()))
-    ceiling = any_r["matmul_peak"] / any_r["flops_per_token"]
-    print(f"ceiling at the measured matmul peak ({any_r['matmul_peak'] / 1e9:.0f} GFLOP/s): {ceiling:.0f} tokens/s; "
-          + ", ".join(f"{w} reaches {r['tokens_per_s'] / ceiling:.0%}" for w, r in results.items()))
+        print(f"{which:<10} {'bf16' if r['bf16'] else 'fp32':>6} {r['tokens_per_s']:>9.1f} {r['step_s']:>8.3f} "
+              f"{r['matmul_peak'] / 1e9:>7.0f} GF/s {mfu:>6.1%} {r['peak_rss'] / 2**30:>7.2f}GB {ratio:>8}")
+    fp32 = [r for r in results.values() if not r["bf16"]]
+    if fp32:
+        ceiling = fp32[0]["matmul_peak"] / fp32[0]["flops_per_token"]
+        print(f"fp32 ceiling at the measured fp32 matmul peak ({fp32[0]['matmul_peak'] / 1e9:.0f} GFLOP/s): "
+              f"{ceiling:.0f} tokens/s; " + ", ".join(f"{w} reaches {r['tokens_per_s'] / ceiling:.0%}"
+                                                     for w, r in results.items()))
     return 0
 
 

@@ -49,7 +49,9 @@ def test_train_script_end_to_end(tmp_path, corpus_file):
     assert ck.path.name == "best" and ck.config["train"]["max_iters"] == 20
 
 
-def test_exact_resume_matches_uninterrupted_run(tiny_config, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16 autocast: the default for wide models on AMX CPUs
+def test_exact_resume_matches_uninterrupted_run(tiny_config, tmp_path, dtype):
+    tiny_config.train.dtype = dtype
     tiny_config.model.dropout = 0.1  # dropout draws from the RNG: resume must restore it
     tiny_config.train.log_interval = 1
     tiny_config.train.eval_interval = 5

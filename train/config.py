@@ -29,7 +29,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
     optimizer: str = "adamw"  # adamw | muon
     device: str = "auto"  # auto (cuda, mps, cpu) | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto (bf16 on CUDA if supported, else fp16; fp32 on CPU) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp16 if not supported; on CPU see README) | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the model
     resume: str = "never"  # never | auto (continue from out_dir/latest if present)
     stop_at: int = 0  # end this invocation after this many steps, saving latest/ (resume later); 0 = off

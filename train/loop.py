@@ -125,7 +125,7 @@ def _set_rng_state(state: dict) -> None:
 
 def train(cfg: RunConfig) -> dict:
     """Run (or continue) training as `cfg` says; returns a summary of the finished run."""
-    rt = setup(cfg.train.device, cfg.train.dtype)
+    rt = setup(cfg.train.device, cfg.train.dtype, cfg.model.n_embd)
     try:
         return _train(cfg, rt)
     finally:
