@@ -56,3 +56,30 @@ def test_train_script_under_torchrun(tiny_config, tmp_path):
     assert steps[-1]["step"] == 20 and steps[-1]["tokens"] == 20 * 2 * 2 * 8 * 32
     assert (run / "latest" / "model.safetensors").is_file()
     assert not (run / "wandb").exists()
+
+
+def test_resume_under_torchrun_is_exact_with_per_rank_dropout(tiny_config, tmp_path):
+    """Each rank keeps its own dropout stream; the checkpoint carries all of them, so 10 + 10 steps equal 20."""
+    from model.checkpoint import load_trainer_state
+
+    def run(out: Path, *extra: str) -> None:
+        proc = subprocess.run([*TORCHRUN, "-m", "scripts.train", "--config", "configs/tiny.toml",
+                               "--data.source", "files", "--data.path", tiny_config.data.path,
+                               "--data.dir", tiny_config.data.dir, "--train.out_dir", str(out),
+                               "--model.dropout", "0.1", "--train.log_interval", "1", "--train.eval_interval", "5",
+                               "--log.attention", "false", "--log.sample_tokens", "0", *extra],
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def losses(out: Path) -> dict[int, float]:
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+    run(tmp_path / "straight")
+    run(tmp_path / "split", "--train.stop_at", "10")
+    state = load_trainer_state(tmp_path / "split" / "latest")
+    assert state["step"] == 10 and len(state["rng_ranks"]) == 2
+    assert not torch.equal(state["rng_ranks"][0]["cpu"], state["rng_ranks"][1]["cpu"])  # ranks draw apart
+    run(tmp_path / "split", "--train.resume", "auto")
+    a, b = losses(tmp_path / "straight"), losses(tmp_path / "split")
+    assert sorted(a) == list(range(1, 21)) and a == b

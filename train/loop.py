@@ -123,6 +123,26 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _seed_rank(rt: Runtime, seed: int, step: int, state: dict | None) -> None:
+    """Under DDP every rank draws its own dropout masks (the same masks on different data would correlate the
+    noise). A resumed run restores each rank's saved stream when the world size is unchanged; otherwise (or on a
+    new run) it starts a fresh one per (seed, rank, step). Runs after the model is built, so weights match anyway."""
+    saved = (state or {}).get("rng_ranks")
+    if saved and len(saved) == rt.world_size:
+        _set_rng_state(saved[rt.rank])
+    else:
+        torch.manual_seed(seed + 1_000_003 * (rt.rank + 1) + step)
+
+
+def _gather_rng(rt: Runtime) -> list | None:
+    """Every rank's RNG state, for rank 0's checkpoint (a collective: all ranks call it at the same step)."""
+    if not rt.distributed:
+        return None
+    states: list = [None] * rt.world_size
+    dist.all_gather_object(states, _rng_state())
+    return states
+
+
 def train(cfg: RunConfig) -> dict:
     """Run (or continue) training as `cfg` says; returns a summary of the finished run."""
     rt = setup(cfg.train.device, cfg.train.dtype, cfg.model.n_embd)
@@ -170,6 +190,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
         step, elapsed, tokens = state["step"], state["elapsed"], state["tokens"]
         best_val, run_id, wandb_id = state["best_val"], state["run_id"], state.get("wandb_id")
         _set_rng_state(state["rng"])
+    if rt.distributed:
+        _seed_rank(rt, tc.seed, step, state)
     raw_model = model
     if tc.compile:
         model = torch.compile(model)
@@ -193,12 +215,15 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
         if peak:
             print(f"MFU relative to {peak / 1e12:.2f} TFLOP/s ({peak_source})", file=sys.stderr)
 
+    rank_rngs = None  # every rank's RNG state at the latest possible checkpoint (DDP only)
+
     def checkpoint(name: str, with_state: bool) -> None:
         trainer_state = None
         if with_state:
             trainer_state = {"step": step, "elapsed": elapsed, "tokens": tokens, "best_val": best_val,
                              "run_id": run_id, "wandb_id": tracker.run_id if tracker else None,
-                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": _rng_state()}
+                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": _rng_state(),
+                             "rng_ranks": rank_rngs}
         save_checkpoint(out / name, raw_model, tokenizer, run_config, trainer_state)
 
     def run_eval() -> float:
@@ -273,6 +298,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
                     tracker.log(record)
             stopping, elapsed = _agree(rt, stop.flag, elapsed)
             at_eval = step % tc.eval_interval == 0 or step == tc.max_iters
+            if at_eval or stopping or (tc.stop_at and step >= tc.stop_at):  # a checkpoint may follow
+                rank_rngs = _gather_rng(rt)
             if rt.is_main and at_eval:
                 last_val = run_eval()
             if stopping or (tc.stop_at and step >= tc.stop_at):
@@ -283,8 +310,10 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
             _barrier(rt) if at_eval else None
         else:
             stop_reason = "max_iters"
-        if stop_reason == "max_seconds" and rt.is_main and step % tc.eval_interval != 0:
-            last_val = run_eval()
+        if stop_reason == "max_seconds" and step % tc.eval_interval != 0:
+            rank_rngs = _gather_rng(rt)
+            if rt.is_main:
+                last_val = run_eval()
     bar.close()
     _barrier(rt)
     summary = {"step": step, "tokens": tokens, "elapsed_s": elapsed, "best_val": best_val, "last_val": last_val,
