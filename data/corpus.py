@@ -14,6 +14,10 @@ from typing import BinaryIO, Iterable, Iterator
 import numpy as np
 
 SCAN_BYTES = 1 << 16
+# Between documents, for tokenizers with an end-of-text token: this character in the staged text becomes that token
+# in the shards (data.encode). NUL never reaches the corpus otherwise: files holding it are refused as binary, and
+# it is dropped from dataset rows.
+DOC_SEP = "\x00"
 # A chunk boundary that no BPE split pattern can see across: right after a newline with a printable ASCII
 # character on both sides (the pre-token before it ends at that character and the newline, and the next one starts
 # fresh). Tokenizing the chunks one by one then gives exactly the tokens of the whole text.

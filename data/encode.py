@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from data.corpus import chunks, read_range
+from data.corpus import DOC_SEP, chunks, read_range
 from data.tokenizers import Tokenizer, load_tokenizer
 
 CHUNK_BYTES = 4 << 20  # text per task
@@ -30,6 +30,18 @@ def resolve_num_proc(num_proc: int, n_bytes: int) -> int:
     return (os.cpu_count() or 1) if n_bytes >= PARALLEL_MIN_BYTES else 1
 
 
+def encode_text(tokenizer: Tokenizer, text: str, dtype: str) -> np.ndarray:
+    """Tokens of a piece of staged corpus: each DOC_SEP becomes the end-of-text token (tokenizers that have one)."""
+    if tokenizer.eot_id is None or DOC_SEP not in text:
+        return tokenizer.encode_array(text, dtype)
+    parts = text.split(DOC_SEP)
+    eot = np.asarray([tokenizer.eot_id], dtype=dtype)
+    pieces = [tokenizer.encode_array(parts[0], dtype)]
+    for part in parts[1:]:
+        pieces += [eot, tokenizer.encode_array(part, dtype)]
+    return np.concatenate(pieces)
+
+
 def _init_worker(tokenizer_dir: str, dtype: str) -> None:
     _worker["tokenizer"] = load_tokenizer(tokenizer_dir)
     _worker["dtype"] = dtype
@@ -37,7 +49,7 @@ def _init_worker(tokenizer_dir: str, dtype: str) -> None:
 
 def _encode_task(task: tuple[str, int, int]) -> np.ndarray:
     path, start, end = task
-    return _worker["tokenizer"].encode_array(read_range(Path(path), start, end), _worker["dtype"])
+    return encode_text(_worker["tokenizer"], read_range(Path(path), start, end), _worker["dtype"])
 
 
 def encode_range(path: Path, start: int, end: int, tokenizer: Tokenizer, tokenizer_dir: Path, dtype: str,
@@ -47,7 +59,7 @@ def encode_range(path: Path, start: int, end: int, tokenizer: Tokenizer, tokeniz
     tasks = ((str(path), a, b) for a, b in chunks(path, start, end, size))
     if num_proc <= 1:
         for _, a, b in tasks:
-            yield tokenizer.encode_array(read_range(path, a, b), dtype)
+            yield encode_text(tokenizer, read_range(path, a, b), dtype)
             if progress is not None:
                 progress.update(b - a)
         return

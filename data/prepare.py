@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from data.atomic import is_temp_name, temp_name
 from data.config import DTYPE_LIMITS, DataConfig
-from data.corpus import CorpusStats, byte_offset, chunks, read_range, split_point, write_corpus
+from data.corpus import DOC_SEP, CorpusStats, byte_offset, chunks, read_range, split_point, write_corpus
 from data.encode import CHUNK_BYTES, encode_range, resolve_num_proc
 from data.meta import META_FILE, SPLITS, read_meta, write_meta
 from data.shards import SHARD_RE, ShardWriter, tokens_on_disk
@@ -30,6 +30,8 @@ def fingerprint(cfg: DataConfig) -> dict:
           "dtype": cfg.dtype, "shard_tokens": cfg.shard_tokens}
     if cfg.tokenizer == "bpe":
         fp["vocab_size"] = cfg.vocab_size
+    if cfg.tokenizer != "char":
+        fp["documents"] = "eot"  # documents end with the end-of-text token (shards of older builds joined by text)
     if cfg.source != "shakespeare":
         fp["path"] = cfg.path
     if cfg.source == "hf":
@@ -73,7 +75,8 @@ def build_tokenizer(cfg: DataConfig, stats: CorpusStats, corpus: Path, train_end
     if cfg.tokenizer == "gpt2":
         return gpt2_tokenizer()
     from data.bpe_train import train_bpe
-    pieces = (read_range(corpus, a, b) for a, b in chunks(corpus, 0, train_end, CHUNK_BYTES))
+    # document boundaries train as blank lines; the end-of-text token itself is reserved
+    pieces = (read_range(corpus, a, b).replace(DOC_SEP, "\n\n") for a, b in chunks(corpus, 0, train_end, CHUNK_BYTES))
     return train_bpe(pieces, cfg.vocab_size)
 
 
@@ -114,7 +117,9 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> Path:
     corpus = temp_name(out / "corpus.txt")
     try:
         with tqdm(desc="read", unit="B", unit_scale=True, disable=quiet) as bar:
-            stats = write_corpus(corpus_pieces(documents(cfg)), corpus, charset=cfg.tokenizer == "char", progress=bar)
+            char = cfg.tokenizer == "char"  # the char vocabulary has no end-of-text token: blank lines separate
+            pieces = corpus_pieces(documents(cfg), separator=None if char else DOC_SEP)
+            stats = write_corpus(pieces, corpus, charset=char, progress=bar)
         if stats.chars == 0:
             raise ValueError(f"empty corpus: {describe(cfg)} holds no text")
         if is_current(out, fp, stats.sha256):

@@ -1,8 +1,9 @@
 """Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, or a Hugging Face dataset.
 
 A source is a stream of documents, and a document a stream of text pieces, so nothing needs the whole corpus in
-memory. `corpus_pieces` joins the documents with a blank line between them (documents themselves are kept byte-exact,
-so a single file, like tiny-Shakespeare, comes out unchanged).
+memory. `corpus_pieces` joins the documents with a blank line between them, or with the end-of-text separator for
+tokenizers that have one (documents themselves are kept byte-exact, so a single file, like tiny-Shakespeare, comes
+out unchanged).
 """
 from __future__ import annotations
 
@@ -83,16 +84,20 @@ def documents(cfg: DataConfig) -> Iterator[Document]:
     return hf_documents(cfg)
 
 
-def corpus_pieces(docs: Iterable[Document]) -> Iterator[str]:
-    """Concatenate documents, separated by one blank line; empty documents are skipped."""
+def corpus_pieces(docs: Iterable[Document], separator: str | None = None) -> Iterator[str]:
+    """Concatenate documents; empty documents are skipped. By default they are separated by one blank line (the
+    text a char-level model sees); with `separator` (data.corpus.DOC_SEP, which becomes the end-of-text token) by
+    exactly that, removed from the documents themselves so that only real boundaries carry it."""
     last = ""  # the last character written so far ("" before the first document)
     for doc in docs:
         started = False
         for piece in doc:
+            if separator is not None:
+                piece = piece.replace(separator, "")
             if not piece:
                 continue
             if not started and last:
-                yield "\n" if last == "\n" else "\n\n"
+                yield separator if separator is not None else ("\n" if last == "\n" else "\n\n")
             started = True
             last = piece[-1]
             yield piece

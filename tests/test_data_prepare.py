@@ -117,6 +117,30 @@ def test_unchanged_source_is_reused_without_reading_it(tmp_path, monkeypatch):
     prepare(cfg, verbose=False)
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "bpe"])
+def test_documents_end_with_the_end_of_text_token(tmp_path, kind):
+    """As GPT-2 was trained: doc, <|endoftext|>, doc. The char vocabulary has no such token: blank lines there."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    texts = ["First document.\nIt ends here.", "Second one, a little longer.\n" * 40, "Third <|endoftext|> text."]
+    for i, text in enumerate(texts):
+        (folder / f"{i}.txt").write_text(text)
+    cfg = DataConfig(source="files", path=str(folder), dir=str(tmp_path / "out"), tokenizer=kind,
+                     vocab_size=300, val_fraction=0.01)
+    out = prepare(cfg, verbose=False)
+    tok = load_tokenizer(out)
+    ids = np.concatenate([shard_tokens(out, "train"), shard_tokens(out, "val")]).tolist()
+    head = tok.encode(texts[0]) + [tok.eot_id] + tok.encode(texts[1]) + [tok.eot_id]
+    assert ids[:len(head)] == head  # (the val split cuts the last document, so compare up to it)
+    assert ids.count(tok.eot_id) == 2  # user text spelling <|endoftext|> stays ordinary text
+    assert tok.decode(ids) == "<|endoftext|>".join(texts)
+    assert "\x00" not in tok.decode(ids)
+
+    char = prepare(DataConfig(source="files", path=str(folder), dir=str(tmp_path / "char"), val_fraction=0.01),
+                   verbose=False)
+    assert "\x00" not in load_tokenizer(char).decode(list(range(load_tokenizer(char).vocab_size)))
+
+
 def test_many_shards_and_stale_ones_removed(tmp_path, tiny_text):
     cfg = tiny_cfg(tmp_path, shard_tokens=300_000)
     folder = prepare(cfg, verbose=False)

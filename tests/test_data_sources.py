@@ -93,6 +93,11 @@ def test_corpus_pieces_separates_documents_and_keeps_each_exact():
     assert "".join(corpus_pieces([["only\n\n"]])) == "only\n\n"
 
 
+def test_corpus_pieces_with_the_eot_separator_marks_only_real_boundaries():
+    docs = [["ab", "c\n"], [], ["x\x00y"], ["last"]]  # a NUL inside a row must not fake a boundary
+    assert "".join(corpus_pieces(docs, separator="\x00")) == "abc\n\x00xy\x00last"
+
+
 # --- local files ------------------------------------------------------------------------------------------------
 
 def test_folder_glob_and_file_resolve_sorted(tmp_path):
