@@ -40,3 +40,26 @@ def test_model_training_path_matches_logits_path():
     lb.backward()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name
+
+
+def test_bf16_autocast_training_path_stays_close_to_fp32():
+    """The CPU default for wide models on AMX machines: loss and gradients within bf16 rounding of fp32."""
+    from model.config import ModelConfig
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=500, block_size=32, n_layer=2, n_head=4, n_embd=256))
+    x = torch.randint(0, 500, (4, 32))
+
+    def run(bf16: bool):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, loss = model(x, x, return_logits=False)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    (l32, g32), (l16, g16) = run(False), run(True)
+    assert l16.dtype == torch.float32 and abs(l16.item() - l32.item()) < 1e-2
+    for name, grad in g32.items():
+        assert g16[name].dtype == torch.float32
+        assert ((g16[name] - grad).norm() / grad.norm()).item() < 0.03, name
