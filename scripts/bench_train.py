@@ -73,6 +73,7 @@ def child(which: str, argv: list[str], steps: int, warmup: int) -> None:
     from model.gpt import GPT
     from train.runtime import measure_matmul_flops, pick_device, pick_dtype
 
+    short_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
     device = pick_device(cfg.train.device, 0)
     dtype = torch.float32 if which == "plain" else pick_dtype(cfg.train.dtype, device, cfg.model.n_embd)
     with torch.device("meta"):
@@ -81,7 +82,7 @@ def child(which: str, argv: list[str], steps: int, warmup: int) -> None:
     step = statistics.median(times)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"tokens_per_s": tokens / step, "step_s": step, "flops_per_token": flops_per_token,
-                      "peak_rss": peak_rss, "bf16": dtype == torch.bfloat16,
+                      "peak_rss": peak_rss, "dtype": short_name[dtype],
                       "matmul_peak": measure_matmul_flops(device, 2048, 3, dtype)}))
 
 
@@ -109,7 +110,8 @@ def main() -> int:
                 last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
                 raise RuntimeError(f"{which} failed: {last}")
             runs.setdefault(which, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    results = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
+    results = {w: {k: rs[0][k] if k == "dtype" else statistics.median(r[k] for r in rs) for k in rs[0]}
+               for w, rs in runs.items()}
     if len(runs) == 2:
         per_round = [t["tokens_per_s"] / p["tokens_per_s"] for p, t in zip(runs["plain"], runs["trainer"])]
         print("trainer / plain per round: " + ", ".join(f"{r:.2f}x" for r in per_round))
@@ -119,9 +121,9 @@ def main() -> int:
     for which, r in results.items():
         mfu = r["tokens_per_s"] * r["flops_per_token"] / r["matmul_peak"]  # against the peak of its own dtype
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-        print(f"{which:<10} {'bf16' if r['bf16'] else 'fp32':>6} {r['tokens_per_s']:>9.1f} {r['step_s']:>8.3f} "
+        print(f"{which:<10} {r['dtype']:>6} {r['tokens_per_s']:>9.1f} {r['step_s']:>8.3f} "
               f"{r['matmul_peak'] / 1e9:>7.0f} GF/s {mfu:>6.1%} {r['peak_rss'] / 2**30:>7.2f}GB {ratio:>8}")
-    fp32 = [r for r in results.values() if not r["bf16"]]
+    fp32 = [r for r in results.values() if r["dtype"] == "fp32"]
     if fp32:
         ceiling = fp32[0]["matmul_peak"] / fp32[0]["flops_per_token"]
         print(f"fp32 ceiling at the measured fp32 matmul peak ({fp32[0]['matmul_peak'] / 1e9:.0f} GFLOP/s): "
