@@ -83,3 +83,31 @@ def test_resume_under_torchrun_is_exact_with_per_rank_dropout(tiny_config, tmp_p
     run(tmp_path / "split", "--train.resume", "auto")
     a, b = losses(tmp_path / "straight"), losses(tmp_path / "split")
     assert sorted(a) == list(range(1, 21)) and a == b
+
+
+def test_two_nodes_without_a_shared_data_dir(tiny_config, tmp_path):
+    """Two torchrun "nodes" on this machine, each in its own working directory with a relative data.dir: the node
+    that cannot see rank 0's shards prepares its own copy instead of failing."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    procs = []
+    for node in range(2):
+        cwd = tmp_path / f"node{node}"
+        cwd.mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}",
+               "-m", "scripts.train", "--config", str(ROOT / "configs" / "tiny.toml"), "--data.source", "files",
+               "--data.path", tiny_config.data.path, "--data.dir", "data", "--train.out_dir", str(run),
+               "--train.max_iters", "10", "--log.attention", "false", "--log.sample_tokens", "0"]
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-3000:]
+    for node in range(2):
+        assert (tmp_path / f"node{node}" / "data" / "meta.json").is_file()
+    assert (run / "latest" / "model.safetensors").is_file()

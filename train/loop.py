@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from data.loader import ShardLoader
-from data.meta import read_meta
+from data.meta import META_FILE, read_meta
 from data.prepare import prepare
 from data.tokenizers import load_tokenizer
 from model.checkpoint import (load_trainer_state, load_weights, read_run_config, resolve_checkpoint_dir,
@@ -161,6 +161,9 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
         if resume_from is None:
             _clear_run(out)
         out.mkdir(parents=True, exist_ok=True)
+    _barrier(rt)
+    if rt.distributed and rt.local_rank == 0 and not (Path(cfg.data.dir) / META_FILE).is_file():
+        prepare(cfg.data, verbose=False)  # a node that does not share rank 0's filesystem builds its own (same) copy
     _barrier(rt)
     meta = read_meta(cfg.data.dir)
     if cfg.model.vocab_size == 0:
