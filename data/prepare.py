@@ -2,9 +2,10 @@
 
 Steps: if meta.json shows shards built from the same settings and an unchanged source (a cheap stamp: file sizes and
 times, package versions), reuse them at once; else stream the source into a staged corpus file (checksummed); if
-meta.json shows shards built from the same settings and the same text, reuse them; otherwise split the text (the last val_fraction of its characters is
-validation), build the tokenizer (char vocabulary of the whole text, or a BPE trained on the train split), tokenize
-each split in chunks, possibly in parallel, into shards, and write meta.json last.
+meta.json shows shards built from the same settings and the same text, reuse them; otherwise split the text (the
+last val_fraction of its characters is validation), build the tokenizer (char vocabulary of the whole text, or a
+BPE trained on the train split), tokenize each split in chunks, possibly in parallel, into shards, and write
+meta.json last.
 """
 from __future__ import annotations
 
