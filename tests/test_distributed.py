@@ -85,29 +85,48 @@ def test_resume_under_torchrun_is_exact_with_per_rank_dropout(tiny_config, tmp_p
     assert sorted(a) == list(range(1, 21)) and a == b
 
 
-def test_two_nodes_without_a_shared_data_dir(tiny_config, tmp_path):
-    """Two torchrun "nodes" on this machine, each in its own working directory with a relative data.dir: the node
-    that cannot see rank 0's shards prepares its own copy instead of failing."""
+def run_two_nodes(tiny_config, base: Path, *extra: str) -> list[str]:
+    """Two torchrun "nodes" on this machine, each in its own working directory under `base` (node0/, node1/), with
+    relative data.dir and out_dir: neither sees the other's files, as on nodes without a shared filesystem.
+    Returns each node's stderr."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run = tmp_path / "run"
     procs = []
     for node in range(2):
-        cwd = tmp_path / f"node{node}"
-        cwd.mkdir()
+        cwd = base / f"node{node}"
+        cwd.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}",
                "-m", "scripts.train", "--config", str(ROOT / "configs" / "tiny.toml"), "--data.source", "files",
-               "--data.path", tiny_config.data.path, "--data.dir", "data", "--train.out_dir", str(run),
-               "--train.max_iters", "10", "--log.attention", "false", "--log.sample_tokens", "0"]
+               "--data.path", tiny_config.data.path, "--data.dir", "data", "--train.out_dir", "run",
+               "--model.dropout", "0.1", "--train.log_interval", "1", "--train.eval_interval", "5",
+               "--log.attention", "false", "--log.sample_tokens", "0", *extra]
         procs.append(subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
-    results = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, results):
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    for p, err in zip(procs, errs):
         assert p.returncode == 0, err[-3000:]
+    return errs
+
+
+def node_losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def test_two_nodes_without_a_shared_filesystem_prepare_and_resume(tiny_config, tmp_path):
+    """The node that cannot see rank 0's shards prepares its own copy; on resume it gets the optimizer, progress and
+    RNG streams from rank 0 (it has no checkpoint of its own), so 10 + 10 steps equal 20 straight."""
+    run_two_nodes(tiny_config, tmp_path / "straight", "--train.max_iters", "20")
+    split = tmp_path / "split"
+    run_two_nodes(tiny_config, split, "--train.max_iters", "20", "--train.stop_at", "10")
     for node in range(2):
-        assert (tmp_path / f"node{node}" / "data" / "meta.json").is_file()
-    assert (run / "latest" / "model.safetensors").is_file()
+        assert (split / f"node{node}" / "data" / "meta.json").is_file()
+    assert not (split / "node1" / "run" / "latest").exists()  # only rank 0 writes checkpoints
+    errs = run_two_nodes(tiny_config, split, "--train.max_iters", "20", "--train.resume", "auto")
+    assert "resuming at step 10" in errs[0]
+    a, b = node_losses(tmp_path / "straight" / "node0" / "run"), node_losses(split / "node0" / "run")
+    assert sorted(a) == list(range(1, 21)) and a == b

@@ -134,6 +134,15 @@ def _seed_rank(rt: Runtime, seed: int, step: int, state: dict | None) -> None:
         torch.manual_seed(seed + 1_000_003 * (rt.rank + 1) + step)
 
 
+def _from_rank0(rt: Runtime, obj):
+    """Rank 0's value of `obj` on every rank (a collective)."""
+    if not rt.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _gather_rng(rt: Runtime) -> list | None:
     """Every rank's RNG state, for rank 0's checkpoint (a collective: all ranks call it at the same step)."""
     if not rt.distributed:
@@ -155,7 +164,8 @@ def train(cfg: RunConfig) -> dict:
 def _train(cfg: RunConfig, rt: Runtime) -> dict:
     tc = cfg.train
     out = Path(tc.out_dir)
-    resume_from = _resume_point(cfg, out)
+    resume_from = _resume_point(cfg, out) if rt.is_main else None
+    resuming = _from_rank0(rt, resume_from is not None)  # other nodes may not see rank 0's out_dir
     if rt.is_main:
         prepare(cfg.data)
         if resume_from is None:
@@ -181,6 +191,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     if resume_from is not None:
         load_weights(model, resume_from)
         state = load_trainer_state(resume_from)
+    if resuming and rt.distributed:  # optimizer, progress and RNG streams from rank 0; DDP copies its weights
+        state = _from_rank0(rt, state)
     model.to(rt.device)
     optimizer = build_optimizer(model, tc, rt.device.type)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.needs_grad_scaler())
