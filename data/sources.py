@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import glob
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -41,8 +42,20 @@ def describe(cfg: DataConfig) -> str:
     return f"hf ({' '.join(parts)}, field={cfg.hf_text_field}{', data files ' + cfg.path if cfg.path else ''})"
 
 
-def _stat(paths: Iterable[Path]) -> list[list]:
-    return [[str(p), st.st_size, st.st_mtime_ns] for p in paths for st in [p.stat()]]
+RACY_NS = 2 * 10**9  # a file modified this recently may change again within its timestamp's resolution
+
+
+def _stat(paths: Iterable[Path]) -> list[list] | None:
+    """[path, size, mtime] of each file; None if one was modified in the last RACY_NS, which a later rewrite of the
+    same size could leave unchanged (git's "racily clean" case): then the text is checksummed instead."""
+    now = time.time_ns()
+    rows = [[str(p), st.st_size, st.st_mtime_ns] for p in paths for st in [p.stat()]]
+    return None if any(now - mtime < RACY_NS for _, _, mtime in rows) else rows
+
+
+def _files_stamp(paths: Iterable[Path], **extra) -> dict | None:
+    rows = _stat(paths)
+    return None if rows is None else {**extra, "files": rows}
 
 
 def source_stamp(cfg: DataConfig) -> dict | None:
@@ -59,15 +72,18 @@ def source_stamp(cfg: DataConfig) -> dict | None:
         return {"corpus": describe(cfg), "converter_sha256": code}
     if cfg.source == "tinyshakespeare":
         path = Path(cfg.path) if cfg.path else Path(cfg.dir) / TINYSHAKESPEARE_FILE
-        return {"files": _stat([path])} if path.is_file() else None
+        return _files_stamp([path]) if path.is_file() else None
     if cfg.source == "files":
-        return {"files": _stat(resolve_files(cfg.path))}
-    from data.hf import is_saved_dataset
-    folder = Path(cfg.hf_name).expanduser()
-    if folder.is_dir() and is_saved_dataset(folder):
-        return {"files": _stat(sorted(p for p in folder.rglob("*") if p.is_file()))}
-    if cfg.path:  # a builder (json, csv, text, ...) over local data files
-        return {"hub": cfg.hf_name, "files": _stat(resolve_files(cfg.path))}
+        return _files_stamp(resolve_files(cfg.path))
+    local = Path(cfg.hf_name).expanduser()
+    if local.exists():  # a save_to_disk folder, a folder of data files, or a loading script
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        return _files_stamp(files, hf=cfg.hf_name, data_files=cfg.path)
+    if cfg.path:  # a builder (json, csv, ...) over data files: local ones are stat-ed, others (hub, URLs) named
+        try:
+            return _files_stamp(resolve_files(cfg.path), hub=cfg.hf_name)
+        except ValueError:
+            return {"hub": cfg.hf_name, "data_files": cfg.path}
     return {"hub": cfg.hf_name}
 
 

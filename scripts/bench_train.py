@@ -74,7 +74,7 @@ def child(which: str, argv: list[str], steps: int, warmup: int) -> None:
     from train.runtime import measure_matmul_flops, pick_device, pick_dtype
 
     short_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-    device = pick_device(cfg.train.device, 0)
+    device = torch.device("cpu") if which == "plain" else pick_device(cfg.train.device, 0)  # plain runs on CPU
     dtype = torch.float32 if which == "plain" else pick_dtype(cfg.train.dtype, device, cfg.model.n_embd)
     with torch.device("meta"):
         flops_per_token = GPT(cfg.model).flops_per_token()

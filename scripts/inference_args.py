@@ -5,12 +5,11 @@ import argparse
 
 import torch
 
+from train.runtime import DTYPES
 from train.runtime import pick_device as runtime_pick_device
 
 from model.checkpoint import Checkpoint
 from model.interop import load_any
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

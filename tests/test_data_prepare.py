@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +96,12 @@ def test_unchanged_source_is_reused_without_reading_it(tmp_path, monkeypatch):
     text = tmp_path / "corpus.txt"
     text.write_text("to be or not to be, that is the question\n" * 200)
     cfg = DataConfig(source="files", path=str(text), dir=str(tmp_path / "out"))
-    folder = prepare(cfg, verbose=False)
-    assert read_meta(folder)["source_stamp"]["files"][0][:2] == [str(text), text.stat().st_size]
+    prepare(cfg, verbose=False)
+    assert read_meta(cfg.dir)["source_stamp"] is None  # just written: its mtime cannot be trusted yet
+    past = time.time_ns() - 60 * 10**9
+    os.utime(text, ns=(past, past))
+    folder = prepare(cfg, verbose=False)  # read and checksummed (same text): reused, stamp remembered
+    assert read_meta(folder)["source_stamp"]["files"][0] == [str(text), text.stat().st_size, past]
 
     def no_reading(_cfg):
         raise AssertionError("the source was read although it did not change")
@@ -107,7 +112,7 @@ def test_unchanged_source_is_reused_without_reading_it(tmp_path, monkeypatch):
 
     # touched but the same text: read and checksummed once, reused, and the new stamp remembered
     before = read_meta(folder)
-    os_time = text.stat().st_mtime_ns + 10**9
+    os_time = past + 10**9
     os.utime(text, ns=(os_time, os_time))
     prepare(cfg, verbose=False)
     after = read_meta(folder)
@@ -139,6 +144,28 @@ def test_documents_end_with_the_end_of_text_token(tmp_path, kind):
     char = prepare(DataConfig(source="files", path=str(folder), dir=str(tmp_path / "char"), val_fraction=0.01),
                    verbose=False)
     assert "\x00" not in load_tokenizer(char).decode(list(range(load_tokenizer(char).vocab_size)))
+
+
+def test_source_stamps_of_hugging_face_sources(tmp_path):
+    from data.sources import source_stamp
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "a"}\n')
+    past = time.time_ns() - 60 * 10**9
+    os.utime(rows, ns=(past, past))
+    local = source_stamp(DataConfig(source="hf", hf_name="json", path=str(rows), dir=str(tmp_path)))
+    assert local == {"hub": "json", "files": [[str(rows), rows.stat().st_size, past]]}
+    # data files inside a hub repository or at a URL are not local: named, not an error
+    remote = source_stamp(DataConfig(source="hf", hf_name="allenai/c4", path="en/c4-train.0000*-of-01024.json.gz",
+                                     dir=str(tmp_path)))
+    assert remote == {"hub": "allenai/c4", "data_files": "en/c4-train.0000*-of-01024.json.gz"}
+    # a local folder of data files (not only save_to_disk folders) is watched file by file
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "a.json").write_text("{}")
+    os.utime(folder / "a.json", ns=(past, past))
+    stamp = source_stamp(DataConfig(source="hf", hf_name=str(folder), dir=str(tmp_path)))
+    assert stamp["files"] == [[str(folder / "a.json"), 2, past]]
 
 
 def test_many_shards_and_stale_ones_removed(tmp_path, tiny_text):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from data.loader import ShardLoader
+from data.config import DataConfig
 from data.meta import read_meta
 from data.prepare import prepare
 from model.config import ModelConfig
@@ -130,3 +131,27 @@ def test_two_nodes_without_a_shared_filesystem_prepare_and_resume(tiny_config, t
     assert "resuming at step 10" in errs[0]
     a, b = node_losses(tmp_path / "straight" / "node0" / "run"), node_losses(split / "node0" / "run")
     assert sorted(a) == list(range(1, 21)) and a == b
+
+
+def test_a_stale_data_copy_on_another_node_is_rebuilt(tiny_config, tmp_path):
+    stale = tmp_path / "other.txt"
+    stale.write_text("a different corpus, from another day\n" * 100)
+    prepare(DataConfig(source="files", path=str(stale), dir=str(tmp_path / "nodes" / "node1" / "data")))
+    run_two_nodes(tiny_config, tmp_path / "nodes", "--train.max_iters", "5")
+    shas = [read_meta(tmp_path / "nodes" / f"node{n}" / "data")["text_sha256"] for n in range(2)]
+    assert shas[0] == shas[1]
+
+
+def test_an_error_on_rank_0_stops_every_rank_with_one_line(tiny_config, tmp_path):
+    """Rank 0 alone checks out_dir; the others must not wait for it in a collective when it refuses."""
+    run = tmp_path / "run"
+    (run / "latest").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    proc = subprocess.run([*TORCHRUN, "-m", "scripts.train", "--config", "configs/tiny.toml",
+                           "--data.source", "files", "--data.path", tiny_config.data.path,
+                           "--data.dir", tiny_config.data.dir, "--train.out_dir", str(run)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("error: train.out_dir:") == 2  # both ranks say it, one line each
+    # (torchrun's launcher prints its own ChildFailedError traceback; none comes from the project's code)
+    assert f'File "{ROOT / "train"}' not in proc.stderr and f'File "{ROOT / "scripts"}' not in proc.stderr

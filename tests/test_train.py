@@ -266,3 +266,15 @@ def test_attention_probe_falls_back_when_the_vocabulary_cannot_spell_it(tiny_con
     train(tiny_config)
     stats = Path(tiny_config.train.out_dir) / "attention" / "step_000010" / "head_stats.json"
     assert stats.is_file()
+
+
+def test_resume_keeps_the_precision_the_run_started_with(tiny_config, tmp_path, capsys):
+    """dtype auto may resolve differently on another machine (AMX or not): a resumed run keeps its saved dtype."""
+    tiny_config.train.dtype, tiny_config.train.stop_at = "bfloat16", 10
+    train(tiny_config)
+    assert load_trainer_state(Path(tiny_config.train.out_dir) / "latest")["dtype"] == "bfloat16"
+    tiny_config.train.dtype, tiny_config.train.stop_at, tiny_config.train.resume = "auto", 0, "auto"
+    capsys.readouterr()
+    train(tiny_config)  # a 32-wide model: auto alone would pick float32
+    assert "device cpu bfloat16" in capsys.readouterr().err
+    assert load_trainer_state(Path(tiny_config.train.out_dir) / "latest")["dtype"] == "bfloat16"

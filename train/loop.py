@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from data.loader import ShardLoader
-from data.meta import META_FILE, read_meta
+from data.meta import read_meta
 from data.prepare import prepare
 from data.tokenizers import load_tokenizer
 from model.checkpoint import (load_trainer_state, load_weights, read_run_config, resolve_checkpoint_dir,
@@ -29,7 +29,7 @@ from model.gpt import GPT
 from train.config import RunConfig
 from train.evaluation import estimate_losses, eval_extras, probe_text
 from train.optim import build_optimizer, lr_factor, set_lr
-from train.runtime import Runtime, peak_flops, setup, teardown
+from train.runtime import DTYPES, Runtime, peak_flops, setup, teardown
 from train.tracking import Tracker
 
 RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb")
@@ -134,6 +134,40 @@ def _seed_rank(rt: Runtime, seed: int, step: int, state: dict | None) -> None:
         torch.manual_seed(seed + 1_000_003 * (rt.rank + 1) + step)
 
 
+def _raise_if_any(rt: Runtime, error: str) -> None:
+    """Every rank raises the first rank's error, so no rank is left waiting in a collective for one that stopped."""
+    if rt.distributed:
+        errors: list = [None] * rt.world_size
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), "")
+    if error:
+        raise ValueError(error)
+
+
+def _data_identity(folder: str) -> tuple | None:
+    try:
+        meta = read_meta(folder)
+    except ValueError:
+        return None
+    return meta["text_sha256"], meta.get("config")
+
+
+def _same_data_on_every_node(cfg: RunConfig, rt: Runtime) -> None:
+    """After rank 0 prepared: a node whose data.dir is missing or differs (no shared filesystem, or a stale copy)
+    prepares its own from the same source, and must end up with rank 0's text and settings."""
+    want = _from_rank0(rt, _data_identity(cfg.data.dir))
+    error = ""
+    if rt.local_rank == 0 and not rt.is_main and _data_identity(cfg.data.dir) != want:
+        try:
+            prepare(cfg.data, verbose=False)
+            if _data_identity(cfg.data.dir) != want:
+                source = cfg.data.path or cfg.data.source
+                error = f"data.dir: rank {rt.rank} prepared other text than rank 0 from {source}; nodes need the same"
+        except ValueError as e:
+            error = f"rank {rt.rank}: {e}"
+    _raise_if_any(rt, error)
+
+
 def _from_rank0(rt: Runtime, obj):
     """Rank 0's value of `obj` on every rank (a collective)."""
     if not rt.distributed:
@@ -164,17 +198,20 @@ def train(cfg: RunConfig) -> dict:
 def _train(cfg: RunConfig, rt: Runtime) -> dict:
     tc = cfg.train
     out = Path(tc.out_dir)
-    resume_from = _resume_point(cfg, out) if rt.is_main else None
-    resuming = _from_rank0(rt, resume_from is not None)  # other nodes may not see rank 0's out_dir
-    if rt.is_main:
-        prepare(cfg.data)
-        if resume_from is None:
-            _clear_run(out)
-        out.mkdir(parents=True, exist_ok=True)
-    _barrier(rt)
-    if rt.distributed and rt.local_rank == 0 and not (Path(cfg.data.dir) / META_FILE).is_file():
-        prepare(cfg.data, verbose=False)  # a node that does not share rank 0's filesystem builds its own (same) copy
-    _barrier(rt)
+    resume_from, error = None, ""
+    if rt.is_main:  # rank 0 decides; other nodes may not see its out_dir or data.dir
+        try:
+            resume_from = _resume_point(cfg, out)
+            prepare(cfg.data)
+            if resume_from is None:
+                _clear_run(out)
+            out.mkdir(parents=True, exist_ok=True)
+        except ValueError as e:
+            error = str(e)
+    _raise_if_any(rt, error)
+    resuming = _from_rank0(rt, resume_from is not None)
+    if rt.distributed:
+        _same_data_on_every_node(cfg, rt)
     meta = read_meta(cfg.data.dir)
     if cfg.model.vocab_size == 0:
         cfg.model.vocab_size = meta["vocab_size"]
@@ -187,12 +224,18 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
 
     torch.manual_seed(tc.seed)
     model = GPT(cfg.model)
-    state = None
+    state, error = None, ""
     if resume_from is not None:
-        load_weights(model, resume_from)
-        state = load_trainer_state(resume_from)
+        try:
+            load_weights(model, resume_from)
+            state = load_trainer_state(resume_from)
+        except ValueError as e:
+            error = str(e)
+    _raise_if_any(rt, error)
     if resuming and rt.distributed:  # optimizer, progress and RNG streams from rank 0; DDP copies its weights
         state = _from_rank0(rt, state)
+    if state is not None and tc.dtype == "auto" and state.get("dtype") in DTYPES:
+        rt.dtype = DTYPES[state["dtype"]]  # a resumed run keeps the precision it started with
     model.to(rt.device)
     optimizer = build_optimizer(model, tc, rt.device.type)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.needs_grad_scaler())
@@ -238,7 +281,7 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
             trainer_state = {"step": step, "elapsed": elapsed, "tokens": tokens, "best_val": best_val,
                              "run_id": run_id, "wandb_id": tracker.run_id if tracker else None,
                              "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": _rng_state(),
-                             "rng_ranks": rank_rngs}
+                             "rng_ranks": rank_rngs, "dtype": str(rt.dtype).removeprefix("torch.")}
         save_checkpoint(out / name, raw_model, tokenizer, run_config, trainer_state)
 
     def run_eval() -> float:

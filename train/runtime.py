@@ -60,6 +60,7 @@ def pick_device(name: str, local_rank: int = 0, option: str = "train.device") ->
         raise ValueError(f"{option}: {name!r} is not one of auto, cpu, cuda, cuda:N, mps") from None
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Below this width a CPU step is dominated by small element-wise work that bf16 autocast only adds casts to.
 # Measured on a 2-core AMX Xeon: width 128 (configs/shakespeare_char_cpu.toml) ran 11% fewer steps in bf16; width 256
 # 1.35x faster, 384 1.17x, GPT-2 small (768) 2.5x.
@@ -85,7 +86,7 @@ def pick_dtype(name: str, device: torch.device, width: int = 0) -> torch.dtype:
         if device.type == "cpu" and width >= CPU_BF16_MIN_WIDTH and cpu_has_amx():
             return torch.bfloat16
         return torch.float32
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    dtype = DTYPES[name]
     if dtype == torch.float16 and device.type == "cpu":
         raise ValueError("train.dtype: float16 autocast is not supported on CPU; use bfloat16 or float32")
     return dtype
@@ -127,8 +128,12 @@ def setup(device_name: str, dtype_name: str, width: int = 0) -> Runtime:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return Runtime(device=device, dtype=pick_dtype(dtype_name, device, width), rank=rank, local_rank=local_rank,
-                   world_size=world_size)
+    dtype = pick_dtype(dtype_name, device, width)
+    if world_size > 1 and dtype_name == "auto":  # machines may differ (AMX or not): all ranks take rank 0's choice
+        box = [str(dtype).removeprefix("torch.")]
+        dist.broadcast_object_list(box, src=0)
+        dtype = DTYPES[box[0]]
+    return Runtime(device=device, dtype=dtype, rank=rank, local_rank=local_rank, world_size=world_size)
 
 
 def teardown() -> None:
