@@ -198,23 +198,26 @@ class _Window:
     def context(self) -> torch.Tensor:
         return self.tokens[:, :self.length]
 
+    @torch.inference_mode()
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx [B, T] (T >= 1; only the last block_size are kept) -> logits [B, V] for the next token."""
+        self._load(idx)
+        return self._run_window()
+
+    def _run_window(self) -> torch.Tensor:
+        raise NotImplementedError
+
 
 class CachedDecoder(_Window):
     """Prefill once, then one token per step through a static KVCache (see model/kv_cache.py for its layout)."""
 
     def __init__(self, model: GPT, batch_size: int, shift: int = 0, max_len: int | None = None):
         """max_len: the most tokens this generation can hold (prompt + new), if known; the cache is sized to
-        min(max_len, block_size) so a short generation does not allocate (and zero) a whole block's cache."""
+        min(max_len, block_size) so a short generation does not allocate a whole block's cache."""
         super().__init__(model, batch_size, shift)
         size = min(max_len or self.block_size, self.block_size)
         self.cache = KVCache(model.config, batch_size, max_len=size, device=self.tokens.device,
                              dtype=model.wte.weight.dtype)
-
-    @torch.inference_mode()
-    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx [B, T] (T >= 1; only the last block_size are kept) -> logits [B, V] for the next token."""
-        self._load(idx)
-        return self._run_window()
 
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
@@ -232,11 +235,6 @@ class CachedDecoder(_Window):
 
 class RecomputeDecoder(_Window):
     """The reference: every step runs the model over the whole window, no cache."""
-
-    @torch.inference_mode()
-    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
-        self._load(idx)
-        return self._run_window()
 
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
