@@ -16,6 +16,7 @@ from inspector import plots
 from inspector.capture import Capture, capture_attention, encode_prompt, repeated_random_tokens, token_strings
 from inspector.stats import STAT_KEYS, THRESHOLDS, head_stats, summary_scalars
 from inspector.viewer import render_viewer
+from model.eval_mode import eval_mode
 from model.inference import SamplingSettings, generate as generate_tokens
 
 DEFAULT_PROBE = ("ROMEO:\nBut soft, what light through yonder window breaks?\n"
@@ -49,9 +50,8 @@ def capture(model: nn.Module, tokenizer, ids: list[int], layers: list[int] | Non
         raise ValueError("need at least 2 tokens to look at attention; give a longer --prompt or --generate N")
     if len(ids) > config.block_size:
         raise ValueError(f"{len(ids)} tokens do not fit the model's block_size {config.block_size}")
-    device, was_training = _device(model), model.training
-    model.eval()
-    try:
+    device = _device(model)
+    with eval_mode(model):
         _, w = capture_attention(model, torch.tensor([ids], device=device), layers)
         vocab = min(config.vocab_size, getattr(tokenizer, "vocab_size", 0) or config.vocab_size)
         block = min(INDUCTION_BLOCK, config.block_size // 2, vocab)  # distinct tokens: one "last occurrence"
@@ -60,8 +60,6 @@ def capture(model: nn.Module, tokenizer, ids: list[int], layers: list[int] | Non
             repeat_ids = repeated_random_tokens(vocab, block, seed)
             _, rw = capture_attention(model, torch.tensor([repeat_ids], device=device), layers)
             repeat = rw[:, 0][:, heads].numpy()
-    finally:
-        model.train(was_training)
     return Capture(weights=w[:, 0][:, heads].numpy(), token_ids=list(ids), tokens=token_strings(tokenizer, ids),
                    layers=layers, heads=heads, repeat_weights=repeat, repeat_ids=repeat_ids,
                    n_prompt=len(ids) if n_prompt is None else n_prompt)
@@ -127,12 +125,8 @@ def inspect_attention(model: nn.Module, tokenizer, prompt: str, out_dir: str | P
     n_prompt = len(ids)
     block = model.config.block_size
     if generate:
-        was_training = model.training
-        try:
-            out = generate_tokens(model, ids, generate, SamplingSettings(temperature=temperature), seed=seed,
-                                  vocab_limit=tokenizer.vocab_size)
-        finally:
-            model.train(was_training)
+        out = generate_tokens(model, ids, generate, SamplingSettings(temperature=temperature), seed=seed,
+                              vocab_limit=tokenizer.vocab_size)
         ids = out[0].tolist()
     keep = min(max_tokens, block)
     dropped = max(0, len(ids) - keep)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import uuid
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -142,8 +144,19 @@ def load_trainer_state(directory: str | os.PathLike) -> dict[str, Any]:
     """Optimizer, RNG and progress state; weights_only=True refuses anything but tensors and plain containers."""
     path = Path(directory) / TRAINER_STATE
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return load_tensors_only(path)
     except FileNotFoundError:
         raise ValueError(f"{path}: no trainer state in this checkpoint (cannot resume from it)") from None
-    except Exception as e:  # noqa: BLE001 - unpickling errors come in many types
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path}: refused, it holds objects other than tensors and plain containers "
+                         "(unpickling them could run code)") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise ValueError(f"{path}: unreadable trainer state ({type(e).__name__})") from None
+
+
+def load_tensors_only(path: str | os.PathLike) -> Any:
+    """torch.load with weights_only=True and no warnings: a file from elsewhere pickled with another protocol makes
+    torch warn on stderr even when it refuses the file, and bad input should cost the user one line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(path, map_location="cpu", weights_only=True)

@@ -111,5 +111,7 @@ class GPT(nn.Module):
         """
         c = self.config
         t = seq_len or c.block_size
-        matmul = self.num_params(non_embedding=True) + c.vocab_size * c.n_embd
+        matmul = self.num_params(non_embedding=True)  # the blocks, and the head when it has its own matrix
+        if c.tie_embeddings:
+            matmul += c.vocab_size * c.n_embd  # the shared table multiplies as the head
         return 6.0 * matmul + 12.0 * c.n_layer * t * c.n_embd

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from model.checkpoint import unwrap
+from model.eval_mode import eval_mode
 from model.gpt import GPT
 from model.kv_cache import KVCache
 
@@ -273,30 +274,38 @@ def stream_tokens(model: GPT, prompt: torch.Tensor | Sequence[int] | Sequence[Se
     settings.validate()
     check_max_new_tokens(max_new_tokens)
     model = unwrap(model)  # decode with the plain GPT: DDP has no cache path, a compiled one would recompile per length
-    model.eval()
-    device = model.wte.weight.device
-    idx = as_batch(prompt, device)
+    idx = as_batch(prompt, model.wte.weight.device)
+    # the checks above run at the call; the decoding itself runs as the caller pulls tokens
+    return _decode_stream(model, idx, max_new_tokens, settings, generator, cached, window_shift, vocab_limit)
+
+
+def _decode_stream(model: GPT, idx: torch.Tensor, max_new_tokens: int, settings: SamplingSettings,
+                   generator: torch.Generator | None, cached: bool, window_shift: int, vocab_limit: int | None
+                   ) -> Iterator[torch.Tensor]:
+    """The body of `stream_tokens`; eval mode holds until the stream ends, is closed, or is garbage-collected."""
     if max_new_tokens == 0:
         return
-    if cached:
-        decoder = CachedDecoder(model, idx.size(0), window_shift, max_len=idx.size(1) + max_new_tokens)
-    else:
-        decoder = RecomputeDecoder(model, idx.size(0), window_shift)
-    vocab = min(vocab_limit or model.config.vocab_size, model.config.vocab_size)
-    seen = None
-    if settings.repetition_penalty != 1.0:
-        seen = torch.zeros(idx.size(0), vocab, dtype=torch.bool, device=device)
-        rows, cols = (idx < vocab).nonzero(as_tuple=True)
-        seen[rows, idx[rows, cols]] = True
-    logits = decoder.prefill(idx)
-    for i in range(max_new_tokens):
-        token = sample_next(logits[:, :vocab], settings, seen, generator)
-        yield token
-        if i + 1 == max_new_tokens:
-            return
-        if seen is not None:
-            seen.scatter_(1, token.unsqueeze(1), True)
-        logits = decoder.step(token)
+    with eval_mode(model):
+        device = idx.device
+        if cached:
+            decoder = CachedDecoder(model, idx.size(0), window_shift, max_len=idx.size(1) + max_new_tokens)
+        else:
+            decoder = RecomputeDecoder(model, idx.size(0), window_shift)
+        vocab = min(vocab_limit or model.config.vocab_size, model.config.vocab_size)
+        seen = None
+        if settings.repetition_penalty != 1.0:
+            seen = torch.zeros(idx.size(0), vocab, dtype=torch.bool, device=device)
+            rows, cols = (idx < vocab).nonzero(as_tuple=True)
+            seen[rows, idx[rows, cols]] = True
+        logits = decoder.prefill(idx)
+        for i in range(max_new_tokens):
+            token = sample_next(logits[:, :vocab], settings, seen, generator)
+            yield token
+            if i + 1 == max_new_tokens:
+                return
+            if seen is not None:
+                seen.scatter_(1, token.unsqueeze(1), True)
+            logits = decoder.step(token)
 
 
 def generate(model: GPT, prompt: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], max_new_tokens: int,

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from scripts.cli import add_config_options, make_parser, resolve_config, run_main
 
 
@@ -101,15 +103,16 @@ def main() -> int:
     resolve_config(args)  # validate before spending minutes
     passthrough = _strip(sys.argv[1:], ("--steps", "--warmup", "--only", "--rounds"))
     runs: dict[str, list[dict]] = {}
-    for _ in range(max(1, args.rounds)):  # alternating, so a slow spell of a shared machine hits both
-        for which in ([args.only] if args.only else ["plain", "trainer"]):
-            proc = subprocess.run([sys.executable, "-m", "scripts.bench_train", "--child", which, str(args.steps),
-                                   str(args.warmup), *passthrough], capture_output=True, text=True,
-                                  env={**os.environ, "WANDB_MODE": "disabled"})
-            if proc.returncode != 0:
-                last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
-                raise RuntimeError(f"{which} failed: {last}")
-            runs.setdefault(which, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    order = [args.only] if args.only else ["plain", "trainer"]
+    jobs = [which for _ in range(max(1, args.rounds)) for which in order]  # alternating: a slow spell hits both
+    for which in tqdm(jobs, desc="bench_train", unit="run", file=sys.stderr):
+        proc = subprocess.run([sys.executable, "-m", "scripts.bench_train", "--child", which, str(args.steps),
+                               str(args.warmup), *passthrough], capture_output=True, text=True,
+                              env={**os.environ, "WANDB_MODE": "disabled"})
+        if proc.returncode != 0:
+            last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"
+            raise RuntimeError(f"{which} failed: {last}")
+        runs.setdefault(which, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
     results = {w: {k: rs[0][k] if k == "dtype" else statistics.median(r[k] for r in rs) for k in rs[0]}
                for w, rs in runs.items()}
     if len(runs) == 2:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from model.checkpoint import Checkpoint
 from scripts.cli import run_main
@@ -28,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scripts.evaluate", description=__doc__, formatter_class=HelpFormatter)
     add_model_options(p, many=True)
     p.add_argument("--text-file", default=None, help="evaluate on this UTF-8 file instead of the checkpoint's data")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="the prepared data folder, when the one recorded in the checkpoint cannot be found")
     p.add_argument("--split", default="val", choices=["val", "train"], help="split of the checkpoint's data folder")
     p.add_argument("--max-tokens", type=int, default=0, help="evaluate at most this many tokens; 0 = all")
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
@@ -35,15 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def split_tokens(ckpt: Checkpoint, split: str, max_tokens: int = 0) -> tuple[np.ndarray, int, int, str]:
+def split_tokens(ckpt: Checkpoint, split: str, max_tokens: int = 0, data_dir: str | None = None
+                 ) -> tuple[np.ndarray, int, int, str]:
     """(token memmap view, tokens in the split, UTF-8 bytes in the split, description) of the checkpoint's data."""
     from data.loader import ShardLoader
+    from model.run_data import find_data_dir
 
-    data_dir = str((ckpt.config.get("data") or {}).get("dir") or "")
-    if not data_dir:
-        raise ValueError(f"{ckpt.path}: the checkpoint names no data folder; pass --text-file FILE")
-    if not Path(data_dir).is_dir():
-        raise ValueError(f"data folder {data_dir} of {ckpt.path} is missing; prepare it, or pass --text-file FILE")
+    found = find_data_dir(ckpt.path, ckpt.config, data_dir)
+    data_dir = str(found.relative_to(Path.cwd()) if found.is_relative_to(Path.cwd()) else found)
     loader = ShardLoader(data_dir, split, 1, 1, 0)
     meta = loader.meta
     if meta["tokenizer"] != ckpt.tokenizer.name or meta["vocab_size"] != ckpt.tokenizer.vocab_size:
@@ -74,7 +76,7 @@ def mean_loss(model, tokens: np.ndarray, batch_size: int) -> tuple[float, int]:
     starts = [i * T for i in range(n_windows)]
     rest = len(tokens) - 1 - n_windows * T
     batches = [starts[i:i + batch_size] for i in range(0, len(starts), batch_size)]
-    for group in batches:
+    for group in tqdm(batches, desc="evaluate", unit="batch", file=sys.stderr, leave=False, mininterval=0.5):
         w = torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in group]).astype(np.int64)).to(device)
         total, count = _add(model, w, total, count)
     if rest > 0:
@@ -96,7 +98,7 @@ def evaluate_one(spec: str, args: argparse.Namespace) -> dict:
     if args.text_file:
         tokens, n_tokens, n_bytes, source = file_tokens(ckpt, args.text_file)
     else:
-        tokens, n_tokens, n_bytes, source = split_tokens(ckpt, args.split, args.max_tokens)
+        tokens, n_tokens, n_bytes, source = split_tokens(ckpt, args.split, args.max_tokens, args.data_dir)
     if args.max_tokens:
         tokens = tokens[:args.max_tokens]
     if ckpt.model.config.vocab_size < ckpt.tokenizer.vocab_size:

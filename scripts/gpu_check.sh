@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYBIN=${PYBIN:-.venv/bin/python}
 [ -x "$PYBIN" ] || PYBIN=python3
-TS=${1:-../shared/data/tinyshakespeare.txt}
+TS=${1:-data/corpora/tinyshakespeare.txt}
 [ -f "$TS" ] || TS=""   # empty: download tiny-Shakespeare from its public URL
 OUT=${OUT:-checkpoints/gpu_check}
 mkdir -p "$OUT"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_TINYSHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+TINYSHAKESPEARE = ROOT / "data" / "corpora" / "tinyshakespeare.txt"  # shipped with the repo
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
@@ -17,11 +17,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def small_corpus_text() -> str:
-    """About 60 kB of real English: the head of tiny-Shakespeare when present, else a generated stand-in."""
-    if SHARED_TINYSHAKESPEARE.exists():
-        return SHARED_TINYSHAKESPEARE.read_text(encoding="utf-8")[:60_000]
-    words = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
-    return "\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(9)) for i in range(6000)) + "\n"
+    """About 60 kB of real English: the head of the shipped tiny-Shakespeare."""
+    return TINYSHAKESPEARE.read_text(encoding="utf-8")[:60_000]
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 from data.meta import read_meta
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+TINY = Path(__file__).resolve().parents[1] / "data/corpora/tinyshakespeare.txt"  # shipped, with its sha256
 
 
 def run_prepare(*args: str, home: Path) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from data.meta import read_meta
 from data.prepare import prepare
 from data.tokenizers import gpt2_tokenizer, load_tokenizer
 
-TINY = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+TINY = Path(__file__).resolve().parents[1] / "data/corpora/tinyshakespeare.txt"  # shipped, with its sha256
 
 
 def shard_tokens(folder: Path, split: str) -> np.ndarray:

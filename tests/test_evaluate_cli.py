@@ -88,7 +88,8 @@ def test_single_checkpoint_prints_named_lines(setup, monkeypatch, capsys):
 def test_missing_data_folder_says_so_and_suggests_text_file(tmp_path, monkeypatch, capsys):
     ckpt = char_checkpoint(tmp_path / "c", data_dir=str(tmp_path / "gone"))
     code, _, err = run_main_inprocess(evaluate.main, ["--ckpt", str(ckpt)], monkeypatch, capsys)
-    assert code == 2 and "missing" in err and "--text-file" in err and len(err.splitlines()) == 1
+    assert code == 2 and "not found" in err and "--data-dir" in err and "--text-file" in err
+    assert len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv, message", [(["--text-file", "/no/such.txt"], "no such file"),

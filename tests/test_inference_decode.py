@@ -125,8 +125,13 @@ def test_stream_yields_one_token_per_step_and_stops_when_closed():
 
 def test_vocab_limit_keeps_tokens_decodable():
     model = tiny_model()
-    with torch.no_grad():
-        model.lm_head.weight[30:] += 100.0  # make the padded ids overwhelmingly likely
+
+    def favour_padding(module, args, logits):  # make the padded ids overwhelmingly likely
+        return logits + torch.where(torch.arange(logits.size(-1)) >= 30, 100.0, 0.0)
+
+    model.lm_head.register_forward_hook(favour_padding)
+    unlimited = generate(model, [1], 50, SamplingSettings(temperature=1.0), seed=0)
+    assert (unlimited[0, 1:] >= 30).all()  # without the limit, only padded ids come out
     out = generate(model, [1], 50, SamplingSettings(temperature=1.0), seed=0, vocab_limit=30)
     assert out.max().item() < 30
 
@@ -138,3 +143,27 @@ def test_zero_new_tokens_returns_the_prompt_and_bad_prompts_are_refused():
         generate(model, [], 5)
     with pytest.raises(ValueError, match="window shift"):
         CachedDecoder(model, 1, shift=33)
+
+
+def test_stream_checks_its_arguments_at_the_call_not_at_the_first_token():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="temperature"):
+        stream_tokens(model, [1, 2], 5, SamplingSettings(temperature=-1.0))  # no next(): the call itself refuses
+    with pytest.raises(ValueError, match="at least one token"):
+        stream_tokens(model, [], 5)
+
+
+@pytest.mark.parametrize("finish", ["exhaust", "close"])
+def test_stream_puts_the_model_back_in_its_mode(finish):
+    model = tiny_model().train()
+    stream = stream_tokens(model, [1, 2], 4, generator=make_generator(0))
+    assert model.training  # nothing has run yet
+    next(stream)
+    assert not model.training  # decoding runs without dropout
+    if finish == "close":
+        stream.close()
+    else:
+        list(stream)
+    assert model.training
+    generate(model, [1, 2], 3, seed=0)
+    assert model.training

@@ -1,4 +1,6 @@
 """Capture through the hook points of the real GPT: shapes, causal distributions, no side effects."""
+import json
+
 import matplotlib.figure
 import pytest
 import torch
@@ -6,6 +8,7 @@ import torch
 from data.tokenizers import CharTokenizer
 from inspector.capture import capture_attention, encode_prompt, hook_points, token_strings
 from inspector.report import capture, probe_attention
+from inspector.stats import label_head
 from model.config import ModelConfig
 from model.gpt import GPT
 
@@ -96,8 +99,11 @@ def test_probe_for_the_trainer(tok, tmp_path):
     model = tiny().train()
     result = probe_attention(model, tok, TEXT, out_dir=tmp_path / "step_100", max_tokens=30)
     assert model.training
-    assert len(result["stats"]) == 6 and {s["label"] for s in result["stats"]} <= {
-        "induction", "previous-token", "first-token", "self", "uniform", "mixed"}
+    assert len(result["stats"]) == 6
+    assert all(s["label"] == label_head(s) for s in result["stats"])  # each label follows from that head's scores
+    saved = json.loads((tmp_path / "step_100" / "head_stats.json").read_text())["heads"]
+    assert [(s["layer"], s["head"], s["label"]) for s in saved] == [(s["layer"], s["head"], s["label"])
+                                                                    for s in result["stats"]]
     assert set(result["scalars"]) >= {"attn/max_induction", "attn/max_prev_token"}
     assert 0 <= result["scalars"]["attn/max_induction"] <= 1
     assert isinstance(result["figure"], matplotlib.figure.Figure)

@@ -84,8 +84,10 @@ def test_ignore_index_targets_are_skipped():
     y = x.clone()
     y[:, 12:] = -1
     _, partial = model(x, y)
-    _, first_half = model(x[:, :24], torch.cat([y[:, :12], torch.full_like(y[:, 12:], -1)], 1))
-    assert torch.allclose(partial, first_half)
+    _, first_half = model(x[:, :12].contiguous(), y[:, :12].contiguous())  # causal: the first 12 positions see the same context either way
+    _, whole = model(x, x)
+    assert torch.allclose(partial, first_half, atol=1e-6)
+    assert not torch.allclose(partial, whole)  # the ignored half really was left out
 
 
 def test_gpt2_124m_parameter_count_and_flops():
@@ -96,6 +98,15 @@ def test_gpt2_124m_parameter_count_and_flops():
     assert model.num_params() == 124_439_808
     n = model.num_params(non_embedding=True) + 50257 * 768
     assert model.flops_per_token() == 6 * n + 12 * 12 * 1024 * 768
+
+
+def test_flops_count_the_head_once_tied_or_untied():
+    """A separate head matrix does the same multiply-adds as a tied one: MFU must not depend on tying."""
+    tied, untied = GPT(_cfg(tie_embeddings=True)), GPT(_cfg(tie_embeddings=False))
+    assert untied.flops_per_token() == tied.flops_per_token()
+    V, T, L, C = 41, 24, 2, 32  # counted by hand: per block QKV 3C^2+3C, W_O C^2+C, MLP 8C^2+5C, two norms 4C
+    per_block = 12 * C * C + 13 * C
+    assert tied.flops_per_token() == 6 * (L * per_block + 2 * C + V * C) + 12 * L * T * C == 179_136
 
 
 def test_too_long_input_is_refused():

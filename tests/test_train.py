@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,12 +75,24 @@ def test_exact_resume_matches_uninterrupted_run(tiny_config, tmp_path, dtype):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_checkpoint_round_trip_is_bit_exact(tiny_config, tmp_path):
+def test_checkpoint_round_trip_is_bit_exact(tiny_config, tmp_path, monkeypatch):
+    import train.loop as loop
+    from model.checkpoint import model_state
+
+    held = {}
+    real_save = loop.save_checkpoint
+
+    def recording_save(directory, model, *args, **kwargs):  # the weights the trainer held at each save
+        held[Path(directory).name] = {k: v.clone() for k, v in model_state(model).items()}
+        return real_save(directory, model, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "save_checkpoint", recording_save)
     train(tiny_config)
     run = Path(tiny_config.train.out_dir)
     ck = load_checkpoint(run / "latest")
-    fresh = load_checkpoint(run / "latest")
-    assert all(torch.equal(v, fresh.model.state_dict()[k]) for k, v in ck.model.state_dict().items())
+    loaded = model_state(ck.model)
+    assert held["latest"].keys() == loaded.keys()
+    assert all(torch.equal(held["latest"][k], loaded[k]) for k in loaded)
     state = load_trainer_state(run / "latest")
     assert state["step"] == 20 and "optimizer" in state and "rng" in state
     copy_dir = save_checkpoint(tmp_path / "copy", ck.model, ck.tokenizer, ck.config)
@@ -107,8 +120,14 @@ def test_interrupted_write_leaves_previous_checkpoint(tiny_config, monkeypatch, 
     assert not [p for p in latest.parent.iterdir() if p.name.startswith(".latest.tmp")]
     # a kill between the two renames of a swap leaves `.latest.old`, which is still found
     os.replace(latest, latest.parent / ".latest.old")
-    assert resolve_checkpoint_dir(latest.parent).name in ("best", ".latest.old")
+    shutil.rmtree(latest.parent / "best")  # else best/ is found first and .latest.old never looked for
+    assert resolve_checkpoint_dir(latest.parent).name == ".latest.old"
     assert load_trainer_state(latest.parent / ".latest.old")["step"] == 20
+    # and the next save restores it before swapping: latest/ is back, .latest.old gone, the new weights in place
+    ck2 = load_checkpoint(latest.parent / ".latest.old")
+    save_checkpoint(latest, ck2.model, ck2.tokenizer, ck2.config, {"step": 21})
+    assert latest.is_dir() and not (latest.parent / ".latest.old").exists()
+    assert load_trainer_state(latest)["step"] == 21
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_config, monkeypatch):
@@ -278,3 +297,14 @@ def test_resume_keeps_the_precision_the_run_started_with(tiny_config, tmp_path, 
     train(tiny_config)  # a 32-wide model: auto alone would pick float32
     assert "device cpu bfloat16" in capsys.readouterr().err
     assert load_trainer_state(Path(tiny_config.train.out_dir) / "latest")["dtype"] == "bfloat16"
+
+
+def test_a_time_budget_drives_the_progress_bar_in_seconds(tiny_config, capsys):
+    """With train.max_seconds the bar counts training seconds to the budget, not steps to a far-off max_iters."""
+    tiny_config.train.max_iters, tiny_config.train.max_seconds = 100_000, 2.0
+    tiny_config.train.eval_interval = 100_000
+    summary = train(tiny_config)
+    bars = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("train:")]
+    assert summary["stopped"] == "max_seconds" and bars
+    assert "/2s [" in bars[-1] and "100%" in bars[-1] and "100000" not in bars[-1], bars[-1]
+    assert f"step={summary['step']}" in bars[-1]

@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import platform
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Callable
 
 import torch
 from matplotlib.figure import Figure
+from tqdm import tqdm
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -109,7 +111,7 @@ def run_variants(base: RunConfig, out_dir: str | Path, variants: tuple[str, ...]
     base = copy.deepcopy(base)
     ensure_probe(base)
     results = []
-    for variant in variants:
+    for variant in tqdm(variants, desc="ablation variants", unit="run", file=sys.stderr):
         log(f"== {LABELS[variant]}: {base.train.max_iters} steps -> {Path(out_dir) / variant}")
         results.append(run_variant(variant_config(base, variant, out_dir), variant))
     return results
@@ -213,7 +215,7 @@ def attention_cost(lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048), heads
     dev = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for T in lengths:
+    for T in tqdm(lengths, desc="attention cost", unit="length", file=sys.stderr):
         Q, K, V, grad_out = (torch.randn(batch, heads, T, head_dim, generator=g).to(dev) for _ in range(4))
         for t in (Q, K, V):
             t.requires_grad_(backward)

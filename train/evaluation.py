@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from data.loader import ShardLoader
+from model.eval_mode import eval_mode
 from train.config import RunConfig
 from train.runtime import Runtime
 
@@ -15,20 +16,18 @@ EVAL_SEED_OFFSET = 10_000  # eval batches come from their own stream, fixed for 
 @torch.no_grad()
 def estimate_losses(model: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> dict[str, float]:
     """Mean loss over the same `eval_iters` batches of each split at every evaluation, in eval mode."""
-    was_training = model.training
-    model.eval()
     out = {}
-    for split in ("train", "val"):
-        loader = ShardLoader(cfg.data.dir, split, cfg.train.batch_size, cfg.model.block_size,
-                             cfg.train.seed + EVAL_SEED_OFFSET)
-        total = 0.0
-        for k in range(cfg.train.eval_iters):
-            x, y = loader.get_batch(k)
-            with rt.autocast():
-                _, loss = model(x.to(rt.device), y.to(rt.device))
-            total += loss.item()
-        out[split] = total / cfg.train.eval_iters
-    model.train(was_training)
+    with eval_mode(model):
+        for split in ("train", "val"):
+            loader = ShardLoader(cfg.data.dir, split, cfg.train.batch_size, cfg.model.block_size,
+                                 cfg.train.seed + EVAL_SEED_OFFSET)
+            total = 0.0
+            for k in range(cfg.train.eval_iters):
+                x, y = loader.get_batch(k)
+                with rt.autocast():
+                    _, loss = model(x.to(rt.device), y.to(rt.device))
+                total += loss.item()
+            out[split] = total / cfg.train.eval_iters
     return out
 
 
@@ -53,12 +52,9 @@ def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, 
     """A few continuations with a fixed seed, so samples across evals differ only because the model changed."""
     from model.inference import SamplingSettings, generate
 
-    was_training = model.training
-    model.eval()
     ids = tokenizer.encode(prompt) or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
     out = generate(model, [ids] * n, n_tokens, SamplingSettings(temperature=0.8, top_k=200), seed=seed,
                    vocab_limit=tokenizer.vocab_size)  # a padded head may hold ids the tokenizer lacks
-    model.train(was_training)
     return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
 
 

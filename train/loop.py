@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import signal
 import sys
 import time
@@ -23,17 +22,15 @@ from data.loader import ShardLoader
 from data.meta import read_meta
 from data.prepare import prepare
 from data.tokenizers import load_tokenizer
-from model.checkpoint import (load_trainer_state, load_weights, read_run_config, resolve_checkpoint_dir,
-                              save_checkpoint, unwrap)
+from model.checkpoint import load_trainer_state, load_weights, save_checkpoint
 from model.gpt import GPT
+from model.run_data import KEY as DATA_LOCATION, data_location
 from train.config import RunConfig
 from train.evaluation import estimate_losses, eval_extras, probe_text
 from train.optim import build_optimizer, lr_factor, set_lr
+from train.rundir import RunLock, clear_run, resume_point
 from train.runtime import DTYPES, Runtime, peak_flops, setup, teardown
 from train.tracking import Tracker
-
-RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb")
-
 
 class StopRequested:
     """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the end of the current step and leaves."""
@@ -53,45 +50,6 @@ class StopRequested:
     def __exit__(self, *exc):
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-def _holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in ("metrics.jsonl", "latest", "best", ".latest.old"))
-
-
-def _resume_point(cfg: RunConfig, out: Path) -> Path | None:
-    """The checkpoint to continue from, or None; refuses an out_dir holding another run unless overwrite."""
-    if cfg.train.resume == "auto" and ((out / "latest").exists() or (out / ".latest.old").exists()):
-        latest = resolve_checkpoint_dir(out / "latest" if (out / "latest").exists() else out / ".latest.old")
-        if latest.name == "best":
-            return None
-        saved = read_run_config(latest)
-        wanted = cfg.to_dict()["model"]
-        if wanted["vocab_size"] == 0:  # "take it from the data": the saved run has the resolved number
-            wanted["vocab_size"] = saved.get("model", {}).get("vocab_size")
-        if saved.get("model") != wanted or saved.get("data", {}).get("tokenizer") != cfg.data.tokenizer:
-            if cfg.train.overwrite:
-                return None
-            raise ValueError(f"train.out_dir: {out} holds a different run (its model config differs); "
-                             "pick another out_dir or pass --train.overwrite true")
-        return latest
-    if _holds_run(out) and not cfg.train.overwrite:
-        if cfg.train.resume == "auto":
-            raise ValueError(f"train.out_dir: {out} holds a run with no checkpoint to resume from; "
-                             "replace it with --train.overwrite true")
-        raise ValueError(f"train.out_dir: {out} already holds a run; continue it with --train.resume auto "
-                         "or replace it with --train.overwrite true")
-    return None
-
-
-def _clear_run(out: Path) -> None:
-    leftovers = [p.name for p in out.glob(".*.tmp-*")] if out.exists() else []  # saves cut short by a kill
-    for name in (*RUN_ARTIFACTS, *leftovers):
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
 
 
 def _barrier(rt: Runtime) -> None:
@@ -186,12 +144,30 @@ def _gather_rng(rt: Runtime) -> list | None:
     return states
 
 
+def _progress_bar(tc, step: int, elapsed: float, show: bool) -> tqdm:
+    """Counts training seconds when train.max_seconds drives the run (its ETA is then the run's), else steps."""
+    common = dict(disable=not show, dynamic_ncols=True, mininterval=1.0, desc="train", file=sys.stderr)
+    if tc.max_seconds:
+        return tqdm(total=tc.max_seconds, initial=min(elapsed, tc.max_seconds), unit="s", **common,
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
+    return tqdm(total=tc.max_iters, initial=step, **common)
+
+
 def train(cfg: RunConfig) -> dict:
     """Run (or continue) training as `cfg` says; returns a summary of the finished run."""
     rt = setup(cfg.train.device, cfg.train.dtype, cfg.model.n_embd)
+    lock = RunLock(Path(cfg.train.out_dir))
     try:
+        error = ""
+        if rt.is_main:  # one live run per out_dir, before anything in it is read or cleared
+            try:
+                lock.acquire()
+            except ValueError as e:
+                error = str(e)
+        _raise_if_any(rt, error)
         return _train(cfg, rt)
     finally:
+        lock.release()
         teardown()
 
 
@@ -201,10 +177,10 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     resume_from, error = None, ""
     if rt.is_main:  # rank 0 decides; other nodes may not see its out_dir or data.dir
         try:
-            resume_from = _resume_point(cfg, out)
+            resume_from = resume_point(cfg, out)
             prepare(cfg.data)
             if resume_from is None:
-                _clear_run(out)
+                clear_run(out)
             out.mkdir(parents=True, exist_ok=True)
         except ValueError as e:
             error = str(e)
@@ -221,6 +197,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     if cfg.log.attention and rt.is_main:
         cfg.log.probe_prompt = probe_text(cfg, tokenizer)
     run_config = cfg.to_dict()
+    if rt.is_main:  # so sample/evaluate find the val split from anywhere, also after the folders moved
+        run_config[DATA_LOCATION] = data_location(cfg.data.dir, out / "latest")
 
     torch.manual_seed(tc.seed)
     model = GPT(cfg.model)
@@ -302,8 +280,7 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
                    f"{' (best)' if improved else ''}", file=sys.stderr)
         return losses["val"]
 
-    bar = tqdm(total=tc.max_iters, initial=step, disable=not rt.is_main, dynamic_ncols=True, mininterval=1.0,
-               desc="train", file=sys.stderr)
+    bar = _progress_bar(tc, step, elapsed, rt.is_main)
     last_val, stop_reason = math.nan, "max_iters"
     with StopRequested() as stop:
         while step < tc.max_iters:
@@ -344,8 +321,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
             elapsed += dt
             if rt.is_main:
                 tok_s = tokens_per_step / dt
-                bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-                bar.update(1)
+                bar.set_postfix(step=step, loss=f"{loss_value:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                bar.update(min(dt, tc.max_seconds - bar.n) if tc.max_seconds else 1)
                 if step % tc.log_interval == 0 or step == 1:
                     record = {"step": step, "tokens": tokens, "train/loss": loss_value, "lr": lr,
                               "grad_norm": float(grad_norm), "tokens/s": tok_s, "step_time_ms": dt * 1000,

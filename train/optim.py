@@ -34,13 +34,15 @@ class CombinedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizers: list[torch.optim.Optimizer]):
         self.optimizers = optimizers
-        self.param_groups = [g for opt in optimizers for g in opt.param_groups]
-        self.defaults = {}
-        self.state = {}
+        # Optimizer.__init__ sets up the hook registries that step hooks and LR schedulers rely on; it keeps the
+        # very group dicts it is given, so a change of lr here is a change in the optimizer that owns the group.
+        super().__init__([g for opt in optimizers for g in opt.param_groups], defaults={})
 
     def step(self, closure=None):  # noqa: D102
+        loss = closure() if closure is not None else None
         for opt in self.optimizers:
             opt.step()
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.optimizers:

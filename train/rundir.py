@@ -1,0 +1,106 @@
+"""The run directory (train.out_dir): who may write into it, whether a run continues there, and clearing it.
+
+One live process trains into an out_dir at a time. The lock is an advisory `flock` on `out_dir/.lock`, which the
+kernel drops when its holder exits in any way (kill -9 included), so a stale lock file never blocks a resume: only a
+live holder does. The file's text names the holder (pid, host) for the refusal message. Under torchrun, rank 0 takes
+the lock for the whole job.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from model.checkpoint import read_run_config, resolve_checkpoint_dir
+from train.config import RunConfig
+
+LOCK_FILE = ".lock"
+RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb")
+
+
+class RunLock:
+    """Held from `acquire` until `release` (or the process's end); a second holder is refused with ValueError."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise ValueError(f"train.out_dir: {self.path.parent} is in use by a live run ({holder}); wait for it to "
+                             "finish or stop it, or pick another out_dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {info['pid']} on host {info['host']}, since {info.get('started', '?')}"
+    except (ValueError, KeyError, OSError):
+        return "holder unknown: the lock file is being written"
+
+
+def holds_run(out: Path) -> bool:
+    return any((out / name).exists() for name in ("metrics.jsonl", "latest", "best", ".latest.old"))
+
+
+def resume_point(cfg: RunConfig, out: Path) -> Path | None:
+    """The checkpoint to continue from, or None; refuses an out_dir holding another run unless overwrite."""
+    if cfg.train.resume == "auto" and ((out / "latest").exists() or (out / ".latest.old").exists()):
+        latest = resolve_checkpoint_dir(out / "latest" if (out / "latest").exists() else out / ".latest.old")
+        if latest.name == "best":
+            return None
+        saved = read_run_config(latest)
+        wanted = cfg.to_dict()["model"]
+        if wanted["vocab_size"] == 0:  # "take it from the data": the saved run has the resolved number
+            wanted["vocab_size"] = saved.get("model", {}).get("vocab_size")
+        if saved.get("model") != wanted or saved.get("data", {}).get("tokenizer") != cfg.data.tokenizer:
+            if cfg.train.overwrite:
+                return None
+            raise ValueError(f"train.out_dir: {out} holds a different run (its model config differs); "
+                             "pick another out_dir or pass --train.overwrite true")
+        return latest
+    if holds_run(out) and not cfg.train.overwrite:
+        if cfg.train.resume == "auto":
+            raise ValueError(f"train.out_dir: {out} holds a run with no checkpoint to resume from; "
+                             "replace it with --train.overwrite true")
+        raise ValueError(f"train.out_dir: {out} already holds a run; continue it with --train.resume auto "
+                         "or replace it with --train.overwrite true")
+    return None
+
+
+def clear_run(out: Path) -> None:
+    """Remove a previous run's outputs (not the lock, which the current run holds)."""
+    leftovers = [p.name for p in out.glob(".*.tmp-*")] if out.exists() else []  # saves cut short by a kill
+    for name in (*RUN_ARTIFACTS, *leftovers):
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
