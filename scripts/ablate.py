@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from experiments.variants import VARIANTS
 from scripts.cli import add_config_options, load_toml, make_parser, resolve_config, run_main
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "ablation.toml"
@@ -17,7 +18,6 @@ FORCED = {"model.attention": "uses this for the dot-product variants (sdpa if ad
           "model.scaled": "sets it per variant", "train.out_dir": "uses --out/<variant> instead",
           "log.attention": "always turns it on (the entropy curve)", "train.resume": "always starts afresh",
           "train.overwrite": "replaces earlier runs in --out"}
-VARIANTS = ("scaled", "unscaled", "additive")  # train.ablation.VARIANTS, without importing torch for -h
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,28 +81,28 @@ def main() -> int:
         raise ValueError(f"--threads: {args.threads} must be >= 0")
     import torch
 
-    from train import ablation  # after parsing, so -h and config errors answer at once
+    from experiments import attention_cost, report, saturation, variants  # after parsing: -h answers at once
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    ablation.check_budget(cfg)
+    variants.check_budget(cfg)
     if lengths:  # a missing device fails now, not after minutes of training
         from train.runtime import pick_device
         pick_device(args.cost_device, option="--cost-device")
-    variants = ablation.run_variants(cfg, args.out, tuple(dict.fromkeys(args.variants)))
-    print(ablation.variants_table(variants))
-    saturation = ablation.softmax_saturation(tuple(dims), args.saturation_keys) if dims else []
-    if saturation:
-        print(ablation.saturation_table(saturation))
+    runs = variants.run_variants(cfg, args.out, tuple(dict.fromkeys(args.variants)))
+    print(report.variants_table(runs))
+    sat = saturation.softmax_saturation(tuple(dims), args.saturation_keys) if dims else []
+    if sat:
+        print(report.saturation_table(sat))
     mode = "forward" if args.cost_forward_only else "forward + backward"
-    cost = ablation.attention_cost(tuple(lengths), args.cost_heads, args.cost_head_dim, args.cost_batch,
-                                   backward=not args.cost_forward_only, repeats=args.cost_repeats,
-                                   device=args.cost_device) if lengths else []
+    cost = attention_cost.attention_cost(tuple(lengths), args.cost_heads, args.cost_head_dim, args.cost_batch,
+                                         backward=not args.cost_forward_only, repeats=args.cost_repeats,
+                                         device=args.cost_device) if lengths else []
     if cost:
         print(f"explicit vs fused attention, {mode}, {args.cost_device}:")
-        print(ablation.cost_table(cost))
-    paths = ablation.write_results(args.out, cfg, variants, saturation, cost, mode, args.cost_device)
+        print(report.cost_table(cost))
+    paths = report.write_results(args.out, cfg, runs, sat, cost, mode, args.cost_device)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -1,4 +1,4 @@
-"""scripts.ablate and train.ablation: three variants end to end, softmax saturation, explicit vs fused cost.
+"""scripts.ablate end to end: three variants, softmax saturation, explicit vs fused cost, the tables and figures.
 
 No timing assertions: speed lives in the benchmark's output, not in tests.
 """
@@ -9,10 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-from train import ablation
-from train.config import RunConfig
+from experiments.variants import LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +46,7 @@ def test_script_writes_tables_and_figures_for_three_variants(tmp_path, corpus_fi
     assert len({(s["train"]["max_iters"], s["train"]["seed"], s["data"]["dir"]) for s in saved.values()}) == 1
 
     table = (out / "results.md").read_text()
-    for label in ablation.LABELS.values():
+    for label in LABELS.values():
         assert label in table
     assert [r["d_k"] for r in results["saturation"]] == [16, 256]
     assert [r["T"] for r in results["cost"]["rows"]] == [16, 32]
@@ -69,63 +66,3 @@ def test_help_shows_the_ablation_defaults():
     text = " ".join(done.stdout.split())
     assert "checkpoints/ablation" in text and "configs/ablation.toml" in text
     assert "(default: 6; ablation preset: 4)" in text  # model.n_layer: built-in default and what the preset sets
-
-
-def test_variant_config_changes_only_the_attention():
-    base = RunConfig()
-    base.model.attention = "manual"
-    cfgs = {v: ablation.variant_config(base, v, "out") for v in ablation.VARIANTS}
-    assert [(c.model.attention, c.model.scaled) for c in cfgs.values()] == [
-        ("manual", True), ("manual", False), ("additive", True)]
-    assert cfgs["unscaled"].train.out_dir == str(Path("out") / "unscaled")
-    for c in cfgs.values():
-        c.model.attention, c.model.scaled, c.train.out_dir = "manual", True, base.train.out_dir
-        c.train.overwrite, c.log.attention = base.train.overwrite, base.log.attention
-        assert c.to_dict() == base.to_dict()
-    assert base.model.scaled is True  # the base is not modified
-    with pytest.raises(ValueError, match="is not one of"):
-        ablation.variant_config(base, "cosine", "out")
-
-
-def test_saturation_without_the_scale_goes_one_hot():
-    rows = ablation.softmax_saturation(dims=(16, 1024), n_keys=64, n_queries=500)
-    small, big = rows
-    assert big["max_weight_unscaled"] > 0.9  # scores of std 32: almost one-hot
-    assert big["max_weight_scaled"] < 0.3  # std 1 over 64 keys: well spread
-    assert big["entropy_scaled"] > 3 * big["entropy_unscaled"]
-    assert big["jacobian_unscaled"] < 0.5 * big["jacobian_scaled"]  # and the gradient through softmax vanishes
-    assert small["max_weight_unscaled"] < big["max_weight_unscaled"]  # worse as d_k grows
-    assert abs(small["max_weight_scaled"] - big["max_weight_scaled"]) < 0.05  # the scale makes d_k irrelevant
-    assert big["score_std"] == pytest.approx(32, rel=0.1)
-
-
-@pytest.mark.parametrize("backward", [True, False])
-def test_cost_rows_hold_agreeing_paths_and_the_quadratic_term(backward):
-    rows = ablation.attention_cost(lengths=(16, 64), heads=2, head_dim=8, batch=1, backward=backward, repeats=1,
-                                   min_seconds=0.0)
-    assert [r["T"] for r in rows] == [16, 64]
-    for r in rows:
-        assert r["max_abs_diff"] < 1e-5
-        assert r["explicit_ms"] > 0 and r["fused_ms"] > 0
-        assert r["score_bytes"] == 2 * r["T"] ** 2 * 4
-        assert r["explicit_peak_bytes"] >= r["score_bytes"]  # the explicit path materialises [B, H, T, T]
-    assert rows[-1]["fused_peak_bytes"] < rows[-1]["score_bytes"]  # the fused one never does
-
-
-def test_cost_refuses_paths_that_disagree(monkeypatch):
-    monkeypatch.setattr(ablation, "fused_attention", lambda Q, K, V, causal: V * 1.01)
-    with pytest.raises(RuntimeError, match="disagree"):
-        ablation.attention_cost(lengths=(8,), heads=1, head_dim=4, repeats=1, backward=False)
-
-
-def test_live_tensor_bytes_counts_new_storage_once():
-    x = torch.zeros(10)
-    with ablation.LiveTensorBytes() as meter:
-        a = torch.ones(1000)  # 4000 bytes, alive
-        b = a.view(10, 100).t()  # views: no new memory
-        x.add_(1)  # in place on an outside tensor: no new memory
-        del a, b
-        c = torch.ones(500)  # 2000 bytes after the first block was freed
-    assert meter.peak == 4000 and meter.live == 2000
-    del c
-    assert meter.live == 0
