@@ -11,7 +11,8 @@ import argparse
 from pathlib import Path
 
 from experiments.variants import VARIANTS
-from scripts.cli import add_config_options, load_toml, make_parser, resolve_config, run_main
+from scripts.cli import add_config_options, make_parser, resolve_config, run_main
+from train.config_io import read_toml
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "ablation.toml"
 FORCED = {"model.attention": "uses this for the dot-product variants (sdpa if additive) and additive for the third",
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_preset(parser: argparse.ArgumentParser, preset: Path) -> None:
     """-h shows what the ablation actually uses: the preset's value beside each field's built-in default."""
-    values = {f"{s}.{k}": v for s, table in load_toml(str(preset)).items() for k, v in table.items()}
+    values = {f"{s}.{k}": v for s, table in read_toml(preset).items() for k, v in table.items()}
     for action in parser._actions:
         if action.dest == "config":
             action.help = f"TOML preset (default: {preset.relative_to(preset.parents[1])}); fields it does not set " \

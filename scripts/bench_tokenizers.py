@@ -11,8 +11,11 @@ from __future__ import annotations
 import argparse
 import platform
 import os
+import sys
 import tempfile
 import time
+
+from tqdm import tqdm
 
 from data.config import DataConfig
 from data.prepare import prepare
@@ -50,14 +53,14 @@ def main() -> int:
     print(f"{'tokenizer':<10}{'vocab':>8}{'build s':>9}{'tokens':>12}{'bytes/tok':>10}{'MB/s':>9}"
           f"{'prepare s':>11}{'rerun s':>9}")
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in kinds:
+        for kind in tqdm(kinds, desc="bench_tokenizers", unit="tokenizer", file=sys.stderr, leave=False):
             build_s, tok = timed(builders[kind])
             encode_s, ids = timed(lambda: tok.encode_array(text), args.repeat)
             cfg = DataConfig(tokenizer=kind, vocab_size=args.vocab_size, dir=os.path.join(tmp, kind))
             prepare_s, _ = timed(lambda: prepare(cfg, verbose=False))
             rerun_s, _ = timed(lambda: prepare(cfg, verbose=False))
-            print(f"{kind:<10}{tok.vocab_size:>8,}{build_s:>9.2f}{len(ids):>12,}{mb * 1e6 / len(ids):>10.2f}"
-                  f"{mb / encode_s:>9.1f}{prepare_s:>11.2f}{rerun_s:>9.2f}")
+            tqdm.write(f"{kind:<10}{tok.vocab_size:>8,}{build_s:>9.2f}{len(ids):>12,}{mb * 1e6 / len(ids):>10.2f}"
+                       f"{mb / encode_s:>9.1f}{prepare_s:>11.2f}{rerun_s:>9.2f}", file=sys.stdout)
     return 0
 
 

@@ -1,26 +1,16 @@
-"""Shared command-line plumbing: TOML config + `--section.key value` overrides, and one-line errors.
-
-A config file is data: it is parsed with tomllib, never executed. Every field of every section becomes an option,
-so `-h` lists them all with their defaults and the comment written beside them in the dataclass.
+"""Command-line glue: argparse options for every config field, `--config FILE` + `--section.key value`, and one-line
+errors. The config system itself (TOML, types, overrides) is train.config_io; this module only maps flags to it.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
-import re
 import sys
 from dataclasses import fields
-from typing import Any, Callable, get_type_hints
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from typing import Callable, get_type_hints
 
 from train.config import RunConfig
-
-_SECTIONS = ("model", "data", "train", "log")
+from train.config_io import SECTIONS, apply_overrides, field_help, section_classes
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,108 +25,15 @@ def make_parser(prog: str, doc: str | None, config: bool = True) -> Parser:
     return Parser(prog=prog, usage=usage, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def _field_comments(cls: type) -> dict[str, str]:
-    """The `# comment` beside each field in the class source: the help text of its option."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    out = {}
-    for line in source.splitlines():
-        m = re.match(r"\s+(\w+):\s*[^=]+=.*?#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
-
-
-def _section_classes() -> dict[str, type]:
-    hints = get_type_hints(RunConfig)
-    return {name: hints[name] for name in _SECTIONS}
-
-
-def _coerce(key: str, value: Any, typ: type) -> Any:
-    """Check a TOML value against the field type; ints are accepted where floats are expected."""
-    if typ is bool:
-        ok = isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif typ is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
-        raise ValueError(f"{key}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def unescape(text: str) -> str:
-    r"""Only \n, \t and \\: enough to type a newline on a command line, without mangling non-ASCII text or paths."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "nt\\":
-            out.append({"n": "\n", "t": "\t", "\\": "\\"}[text[i + 1]])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def _parse_str(key: str, text: str, typ: type) -> Any:
-    """Turn a command-line string into the field's type."""
-    if typ is bool:
-        low = text.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{key}: expected true or false, got {text!r}")
-    if typ in (int, float):
-        try:
-            return typ(text)
-        except ValueError:
-            raise ValueError(f"{key}: expected {typ.__name__}, got {text!r}") from None
-    return unescape(text)
-
-
-def config_from_dict(raw: dict, base: RunConfig | None = None) -> RunConfig:
-    """Apply a nested {section: {key: value}} dict onto a RunConfig, rejecting unknown keys and wrong types."""
-    cfg = base or RunConfig()
-    classes = _section_classes()
-    for section, values in raw.items():
-        if section not in classes:
-            raise ValueError(f"{section}: unknown config section (sections: {', '.join(_SECTIONS)})")
-        if not isinstance(values, dict):
-            raise ValueError(f"{section}: expected a table of keys")
-        hints = get_type_hints(classes[section])
-        obj = getattr(cfg, section)
-        for key, value in values.items():
-            if key not in hints:
-                raise ValueError(f"{section}.{key}: unknown config key")
-            setattr(obj, key, _coerce(f"{section}.{key}", value, hints[key]))
-    return cfg
-
-
-def load_toml(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"--config: no such file {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--config: {path} is not valid TOML ({e})") from None
-
-
-def add_config_options(parser: argparse.ArgumentParser, sections: tuple[str, ...] = _SECTIONS) -> None:
+def add_config_options(parser: argparse.ArgumentParser, sections: tuple[str, ...] = SECTIONS) -> None:
     """Add --config and one --section.key option per field, each showing its default."""
     parser.add_argument("--config", help="TOML preset from configs/ (fields not set keep the defaults below)")
     defaults = RunConfig()
-    for section, cls in _section_classes().items():
+    for section, cls in section_classes().items():
         if section not in sections:
             continue
         group = parser.add_argument_group(f"[{section}] options")
-        comments = _field_comments(cls)
+        comments = field_help(cls)
         hints = get_type_hints(cls)
         for f in fields(cls):
             default = getattr(getattr(defaults, section), f.name)
@@ -147,17 +44,8 @@ def add_config_options(parser: argparse.ArgumentParser, sections: tuple[str, ...
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """Defaults <- TOML file <- command-line overrides, then validate."""
-    cfg = RunConfig()
-    if getattr(args, "config", None):
-        cfg = config_from_dict(load_toml(args.config), cfg)
-    classes = _section_classes()
-    overrides: dict[str, dict] = {}
-    for dest, text in vars(args).items():
-        if "." in dest and text is not None:
-            section, key = dest.split(".", 1)
-            typ = get_type_hints(classes[section])[key]
-            overrides.setdefault(section, {})[key] = _parse_str(dest, text, typ)
-    cfg = config_from_dict(overrides, cfg)
+    cfg = RunConfig.from_toml(args.config) if getattr(args, "config", None) else RunConfig()
+    cfg = apply_overrides(cfg, {dest: text for dest, text in vars(args).items() if "." in dest and text is not None})
     cfg.validate()
     return cfg
 

@@ -15,7 +15,8 @@ import sys
 
 from model.inference import SamplingSettings, check_max_new_tokens, make_generator
 from model.text_stream import stream_text
-from scripts.cli import run_main, unescape
+from scripts.cli import run_main
+from train.config_io import unescape
 from scripts.inference_args import HelpFormatter, add_model_options, load_model
 
 SEPARATOR = "---------------"

@@ -31,9 +31,9 @@ def corpus_file(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_config(tmp_path, corpus_file):
     """A RunConfig for a model that trains a step in milliseconds, on the small corpus, in temp folders."""
-    from scripts.cli import config_from_dict, load_toml
+    from train.config import RunConfig
 
-    cfg = config_from_dict(load_toml(str(ROOT / "configs" / "tiny.toml")))
+    cfg = RunConfig.from_toml(str(ROOT / "configs" / "tiny.toml"))
     cfg.data.source, cfg.data.path, cfg.data.dir = "files", str(corpus_file), str(tmp_path / "data")
     cfg.train.out_dir = str(tmp_path / "run")
     cfg.log.attention = False

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from scripts.cli import config_from_dict, load_toml
 from train.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +19,7 @@ def run_train(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_presets_load_and_validate(preset):
-    cfg = config_from_dict(load_toml(str(preset)))
+    cfg = RunConfig.from_toml(str(preset))
     cfg.validate()
 
 
@@ -31,12 +30,12 @@ def test_expected_presets_exist():
 
 
 def test_transformer_base_matches_the_paper():
-    m = config_from_dict(load_toml(str(ROOT / "configs/transformer_base.toml"))).model
+    m = RunConfig.from_toml(str(ROOT / "configs/transformer_base.toml")).model
     assert (m.n_embd, m.n_head, m.head_dim, m.ffn_hidden, m.n_layer) == (512, 8, 64, 2048, 6)
 
 
 def test_shakespeare_char_is_the_known_recipe():
-    c = config_from_dict(load_toml(str(ROOT / "configs/shakespeare_char.toml")))
+    c = RunConfig.from_toml(str(ROOT / "configs/shakespeare_char.toml"))
     assert (c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.block_size, c.model.dropout) == (6, 6, 384, 256, 0.2)
 
 
@@ -93,5 +92,5 @@ def test_bad_config_files(tmp_path):
 
 
 def test_int_is_accepted_where_float_is_expected():
-    cfg = config_from_dict({"train": {"lr": 1, "max_seconds": 60}})
+    cfg = RunConfig.from_dict({"train": {"lr": 1, "max_seconds": 60}})
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)

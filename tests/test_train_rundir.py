@@ -119,3 +119,38 @@ def test_under_torchrun_rank0_holds_the_lock(tiny_config):
         assert second.returncode == 2 and f"pid {pid} on host" in second.stderr, second.stderr[-2000:]
     finally:
         stop(first)
+
+
+def test_resume_applies_allowed_changes_and_names_them(tiny_config, capsys):
+    tiny_config.train.max_iters = 10
+    train(tiny_config)
+    capsys.readouterr()
+    tiny_config.train.resume = "auto"
+    tiny_config.train.max_iters, tiny_config.train.lr, tiny_config.model.dropout = 14, 1e-3, 0.1
+    assert train(tiny_config)["step"] == 14
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("resuming with changed settings"))
+    for change in ("model.dropout 0.0 -> 0.1", "train.lr 0.003 -> 0.001", "train.max_iters 10 -> 14"):
+        assert change in line, line
+
+
+@pytest.mark.parametrize("section, key, value", [("model", "n_embd", 64), ("train", "batch_size", 4),
+                                                 ("data", "tokenizer", "gpt2"), ("train", "optimizer", "muon")])
+def test_resume_refuses_a_change_of_model_data_or_optimizer_naming_the_field(tiny_config, section, key, value):
+    tiny_config.train.max_iters = 10
+    train(tiny_config)
+    tiny_config.train.resume = "auto"
+    old = getattr(getattr(tiny_config, section), key)
+    setattr(getattr(tiny_config, section), key, value)
+    with pytest.raises(ValueError, match=f"holds a different run \\({section}.{key} {old!r} -> {value!r}\\)"):
+        train(tiny_config)
+
+
+def test_resume_refuses_other_text_behind_the_same_settings(tiny_config, tmp_path):
+    tiny_config.train.max_iters = 10
+    train(tiny_config)
+    other = tmp_path / "other.txt"
+    other.write_text(Path(tiny_config.data.path).read_text()[::-1])  # the same characters, other text
+    tiny_config.train.resume, tiny_config.data.path = "auto", str(other)
+    with pytest.raises(ValueError, match="holds other text .* than the run being resumed"):
+        train(tiny_config)

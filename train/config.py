@@ -89,3 +89,26 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict, base: "RunConfig | None" = None) -> "RunConfig":
+        """Nested {section: {key: value}} onto the defaults (or `base`); unknown keys and wrong types refused."""
+        from train.config_io import apply_dict
+        return apply_dict(raw, base)
+
+    @classmethod
+    def from_toml(cls, path: str) -> "RunConfig":
+        """A preset file: TOML data, never executed."""
+        from train.config_io import apply_dict, read_toml
+        return apply_dict(read_toml(path))
+
+    @classmethod
+    def from_checkpoint(cls, path: str) -> "RunConfig":
+        """The resolved config a checkpoint (or run folder) was trained with."""
+        from train.config_io import apply_dict, checkpoint_sections
+        return apply_dict(checkpoint_sections(path))
+
+    def with_overrides(self, overrides: dict) -> "RunConfig":
+        """A copy with {"section.key": value} applied (strings are parsed as on the command line)."""
+        from train.config_io import apply_overrides
+        return apply_overrides(self, overrides)

@@ -28,7 +28,7 @@ from model.run_data import KEY as DATA_LOCATION, data_location
 from train.config import RunConfig
 from train.evaluation import estimate_losses, eval_extras, probe_text
 from train.optim import build_optimizer, lr_factor, set_lr
-from train.rundir import RunLock, clear_run, resume_point
+from train.rundir import RunLock, check_same_text, clear_run, resume_point
 from train.runtime import DTYPES, Runtime, peak_flops, setup, teardown
 from train.tracking import Tracker
 
@@ -179,6 +179,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
         try:
             resume_from = resume_point(cfg, out)
             prepare(cfg.data)
+            if resume_from is not None:
+                check_same_text(resume_from, cfg.data.dir)
             if resume_from is None:
                 clear_run(out)
             out.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,13 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
+from data.meta import read_meta
 from model.checkpoint import read_run_config, resolve_checkpoint_dir
+from model.run_data import KEY as DATA_LOCATION
 from train.config import RunConfig
 
 LOCK_FILE = ".lock"
@@ -70,21 +73,58 @@ def holds_run(out: Path) -> bool:
     return any((out / name).exists() for name in ("metrics.jsonl", "latest", "best", ".latest.old"))
 
 
+# What a resume may change. The model's shape and the data's identity are the run; its schedule, budget, evaluation
+# and logging may be adjusted (a longer run, a lower lr, more frequent evals). Dropout changes no weight.
+FROZEN_SECTIONS = ("model", "data")
+MAY_CHANGE = {"model.dropout", "data.dir", "data.path", "data.num_proc", "data.dtype", "data.shard_tokens",
+              "data.streaming"}
+FROZEN_TRAIN = {"train.optimizer", "train.seed", "train.batch_size", "train.grad_accum"}
+
+
+def config_changes(saved: dict, wanted: dict) -> list[tuple[str, object, object]]:
+    """(section.key, saved value, new value) for every field that differs, in section order."""
+    out = []
+    for section in ("model", "data", "train", "log"):
+        old, new = saved.get(section) or {}, wanted.get(section) or {}
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                out.append((f"{section}.{key}", old.get(key), new.get(key)))
+    return out
+
+
+def frozen(key: str) -> bool:
+    return (key.split(".")[0] in FROZEN_SECTIONS and key not in MAY_CHANGE) or key in FROZEN_TRAIN
+
+
 def resume_point(cfg: RunConfig, out: Path) -> Path | None:
-    """The checkpoint to continue from, or None; refuses an out_dir holding another run unless overwrite."""
+    """The checkpoint to continue from, or None; refuses an out_dir holding another run unless overwrite.
+
+    A resume compares the saved config with this one field by field: a change to a frozen field (the model's shape,
+    the data's identity, the optimizer, batch or seed) is another run and is refused with the fields named; other
+    changes are applied and listed on stderr. data.path may change (a moved corpus) because the text itself is
+    checked after preparing (`check_same_text`).
+    """
     if cfg.train.resume == "auto" and ((out / "latest").exists() or (out / ".latest.old").exists()):
         latest = resolve_checkpoint_dir(out / "latest" if (out / "latest").exists() else out / ".latest.old")
         if latest.name == "best":
             return None
         saved = read_run_config(latest)
-        wanted = cfg.to_dict()["model"]
-        if wanted["vocab_size"] == 0:  # "take it from the data": the saved run has the resolved number
-            wanted["vocab_size"] = saved.get("model", {}).get("vocab_size")
-        if saved.get("model") != wanted or saved.get("data", {}).get("tokenizer") != cfg.data.tokenizer:
+        wanted = cfg.to_dict()
+        if wanted["model"]["vocab_size"] == 0:  # "take it from the data": the saved run has the resolved number
+            wanted["model"]["vocab_size"] = saved.get("model", {}).get("vocab_size")
+        changes = config_changes(saved, wanted)
+        blocked = [c for c in changes if frozen(c[0])]
+        if blocked:
             if cfg.train.overwrite:
                 return None
-            raise ValueError(f"train.out_dir: {out} holds a different run (its model config differs); "
-                             "pick another out_dir or pass --train.overwrite true")
+            named = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in blocked[:3])
+            more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
+            raise ValueError(f"train.out_dir: {out} holds a different run ({named}{more}); pick another out_dir "
+                             "or pass --train.overwrite true")
+        shown = [c for c in changes if c[0] not in ("train.resume", "train.overwrite", "log.probe_prompt")]
+        if shown:
+            print("resuming with changed settings: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in shown),
+                  file=sys.stderr)
         return latest
     if holds_run(out) and not cfg.train.overwrite:
         if cfg.train.resume == "auto":
@@ -93,6 +133,15 @@ def resume_point(cfg: RunConfig, out: Path) -> Path | None:
         raise ValueError(f"train.out_dir: {out} already holds a run; continue it with --train.resume auto "
                          "or replace it with --train.overwrite true")
     return None
+
+
+def check_same_text(checkpoint: Path, data_dir: str) -> None:
+    """A resumed run must see the text it trained on, wherever data.path or data.dir now point."""
+    want = (read_run_config(checkpoint).get(DATA_LOCATION) or {}).get("text_sha256")
+    have = read_meta(data_dir)["text_sha256"]
+    if want and have != want:
+        raise ValueError(f"data: {data_dir} holds other text (sha256 {have[:12]}...) than the run being resumed "
+                         f"trained on ({want[:12]}...); point data.path at the original corpus")
 
 
 def clear_run(out: Path) -> None:
