@@ -4,13 +4,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model.attention import rope_tables
 from model.config import ModelConfig
 from model.layers import Block, make_norm, sinusoidal_table
-from model.loss import chunked_cross_entropy, chunked_loss_pays
+from model.loss import chunked_cross_entropy, chunked_loss_pays, logits_cross_entropy
 
 
 class GPT(nn.Module):
@@ -94,7 +93,7 @@ class GPT(nn.Module):
             logits = cap * torch.tanh(logits / cap)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = logits_cross_entropy(logits, targets)
         return (logits if keep_logits else None), loss
 
     def num_params(self, non_embedding: bool = False) -> int:

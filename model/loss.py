@@ -7,6 +7,7 @@ hidden states and of the head weight, then dropped. Same FLOPs as forward + back
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -49,6 +50,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         gx = (grad_x * scale.to(grad_x.dtype)).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
         gw = (grad_w * scale).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None
         return gx, gw, None, None, None
+
+
+def logits_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of full [..., vocab] logits in fp32 (torch's fused log-softmax + NLL); -1 targets ignored."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
 def chunked_loss_pays(x: torch.Tensor) -> bool:
