@@ -124,7 +124,7 @@ class Check:
             raise TimeoutError(f"over its {limit:.0f} s limit") from None
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
-            raise RuntimeError(_last_line(proc.stderr))
+            raise RuntimeError(_last_line(proc.stderr).removeprefix("error: "))
         return json.loads(_last_line(proc.stdout))
 
     def run(self) -> int:

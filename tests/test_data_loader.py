@@ -81,6 +81,46 @@ def test_device_argument(folder):
     assert x.device.type == y.device.type == "cpu"
 
 
+def test_cuda_batches_are_pinned_and_copied_without_blocking(folder, monkeypatch):
+    """Faked on CPU: every batch for a CUDA device goes through pinned memory and a non-blocking copy."""
+    calls: list = []
+
+    def pin_memory(self, *args):
+        calls.append("pin")
+        return self
+
+    def to(self, device, *args, non_blocking=False, **kwargs):
+        calls.append((torch.device(device), non_blocking))
+        return self
+
+    loader = ShardLoader(folder, "train", B, T, seed=3, device="cuda:1")
+    expected = ShardLoader(folder, "train", B, T, seed=3).get_batch(2)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    x, y = loader.get_batch(2)
+    monkeypatch.undo()
+    assert calls == ["pin", (torch.device("cuda", 1), True)] * 2
+    assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+
+
+def test_batches_come_in_step_order_one_fetch_ahead(folder, monkeypatch):
+    loader = ShardLoader(folder, "train", B, T, seed=5)
+    fetched: list = []
+    original = loader.get_batch
+    monkeypatch.setattr(loader, "get_batch", lambda step, micro=0: fetched.append((step, micro)) or original(step, micro))
+    batches = loader.batches(7, 3)
+    assert fetched == [(7, 0)]  # the first fetch happens at the call
+    first = next(batches)
+    assert fetched == [(7, 0), (7, 1)]  # the next batch is on its way before the first is used
+    got = [first] + [next(batches) for _ in range(4)]
+    order = [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1)]
+    for (x, y), (step, micro) in zip(got, order):
+        ex, ey = original(step, micro)
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    with pytest.raises(ValueError, match="micro_steps: 0"):
+        loader.batches(0, 0)  # checked at the call, not at the first next()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"split": "test"}, "split: 'test' is not one of train, val"),
     ({"block_size": 10_000}, "fewer than block_size"),

@@ -288,10 +288,10 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     tokens_per_step = tc.batch_size * cfg.model.block_size * tc.grad_accum * rt.world_size
     flops_per_step = raw_model.flops_per_token() * tokens_per_step
     peak, peak_source = peak_flops(rt.device, rt.dtype) if rt.is_main else (0.0, "")
-    tracker = None
+    tracker = _on_rank0(rt, lambda: Tracker(out, run_config, cfg.log.wandb, cfg.log.wandb_project,
+                                            cfg.log.wandb_run_name, resume_step=step if state is not None else None,
+                                            run_id=wandb_id), "starting the metrics log")
     if rt.is_main:
-        tracker = Tracker(out, run_config, cfg.log.wandb, cfg.log.wandb_project, cfg.log.wandb_run_name,
-                          resume_step=step if state is not None else None, run_id=wandb_id)
         n_params = raw_model.num_params()
         print(f"model: {n_params / 1e6:.2f}M parameters, {raw_model.flops_per_token() / 1e6:.1f} MFLOP/token; "
               f"device {rt.device} {str(rt.dtype).replace('torch.', '')}, world size {rt.world_size}; "
