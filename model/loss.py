@@ -3,6 +3,7 @@
 At GPT-2 size one sequence of 1024 tokens has 1024 x 50304 fp32 logits (206 MB), and autograd keeps them plus
 their gradient. Here each chunk's logits are made, turned into the loss and straight into the gradients of the
 hidden states and of the head weight, then dropped. Same FLOPs as forward + backward, a fraction of the memory.
+It is the training path on CPU only (`chunked_loss_pays`); CUDA takes full logits and the fused cross-entropy.
 """
 from __future__ import annotations
 

