@@ -394,7 +394,7 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
             if rt.is_main:
                 bar.update(1)
             if settling:
-                window_s, window_steps = elapsed - settled_elapsed, step - settled_step
+                window_s, window_steps = max(elapsed - settled_elapsed, 1e-9), step - settled_step
                 settled_step, settled_elapsed = step, elapsed
                 tok_s = tokens_per_step * window_steps / window_s
                 if rt.is_main:
