@@ -160,9 +160,12 @@ class Check:
 
     def gpu_tests(self) -> str:
         limit = self.left("gpu tests")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                               "tests/test_gpu.py"], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=limit)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                   "tests/test_gpu.py"], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                                  timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"over its {limit:.0f} s limit") from None
         (self.out / "gpu_tests.log").write_text(proc.stdout + proc.stderr)
         summary = _last_line(proc.stdout).strip("= ")
         if proc.returncode != 0 or (self.args.device == "cuda" and " passed" not in summary):
