@@ -9,6 +9,7 @@ The split is treated as one token stream; a window may run across a shard bounda
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -21,7 +22,9 @@ _SPLIT_IDS = {name: i for i, name in enumerate(SPLITS)}
 class ShardLoader:
     """get_batch(step, micro_step) -> (x, y), int64 tensors [batch_size, block_size] on `device`; y is x shifted by one.
 
-    `device` may be a CUDA device: batches are then pinned and copied without blocking.
+    `device` may be a CUDA device: batches are then staged in pinned (page-locked) memory and copied without
+    blocking, so the host goes on while the copy waits its turn behind the GPU's queued work. `batches()` fetches
+    one batch ahead for the training loop.
     """
 
     def __init__(self, directory: str | Path, split: str, batch_size: int, block_size: int, seed: int,
@@ -85,3 +88,23 @@ class ShardLoader:
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
+
+    def batches(self, step: int, micro_steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of (step, 0), ..., (step, micro_steps - 1), (step + 1, 0), ... in that order, endlessly.
+
+        Each is read (and on CUDA its copy issued) before the one before it is handed out, so the reading of the next
+        batch overlaps the GPU's work on the current one. Batches stay a pure function of their (step, micro_step).
+        """
+        if micro_steps < 1:  # checked here, at the call: a generator's own checks would wait for its first next()
+            raise ValueError(f"micro_steps: {micro_steps} must be >= 1")
+        return self._one_ahead(step, micro_steps, self.get_batch(step, 0))
+
+    def _one_ahead(self, step: int, micro_steps: int, ahead: tuple) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        micro = 0
+        while True:
+            current = ahead
+            micro += 1
+            if micro == micro_steps:
+                step, micro = step + 1, 0
+            ahead = self.get_batch(step, micro)
+            yield current

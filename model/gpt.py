@@ -4,13 +4,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model.attention import rope_tables
 from model.config import ModelConfig
 from model.layers import Block, make_norm, sinusoidal_table
-from model.loss import chunked_cross_entropy
+from model.loss import chunked_cross_entropy, chunked_loss_pays, logits_cross_entropy
 
 
 class GPT(nn.Module):
@@ -60,8 +59,9 @@ class GPT(nn.Module):
         With a KV cache, idx holds only the new tokens; their positions start at `cache.pos`.
         `logits_to_keep` > 0 (as in Hugging Face) computes logits for the last that many positions only: a prefill
         then skips a [T, n_embd] x [n_embd, vocab] product it would throw away. Ignored when targets are given.
-        `return_logits=False` with targets (the training step) returns (None, loss) and computes the loss chunk by
-        chunk without keeping [B, T, vocab] logits (model/loss.py).
+        `return_logits=False` with targets (the training step) returns (None, loss), so no [B, T, vocab] logits
+        outlive the call. On CPU the loss is then computed chunk by chunk without ever holding them (model/loss.py);
+        on CUDA and under torch.compile, from full logits with the fused cross-entropy (`chunked_loss_pays`).
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
@@ -84,7 +84,8 @@ class GPT(nn.Module):
         if logits_to_keep and targets is None:
             x = x[:, -logits_to_keep:]
         x = self.ln_f(x)
-        if targets is not None and not return_logits:
+        keep_logits = targets is None or return_logits
+        if not keep_logits and chunked_loss_pays(x):
             return None, chunked_cross_entropy(x, self.lm_head.weight, targets, softcap=self.config.logit_softcap)
         logits = self.lm_head(x)
         if self.config.logit_softcap:
@@ -92,8 +93,8 @@ class GPT(nn.Module):
             logits = cap * torch.tanh(logits / cap)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        return logits, loss
+            loss = logits_cross_entropy(logits, targets)
+        return (logits if keep_logits else None), loss
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, counting a tied matrix once; non_embedding drops the token and position tables."""

@@ -2,6 +2,7 @@
 split one global batch, windows across shard boundaries, and clear errors."""
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,8 @@ B, T = 4, 16
 def folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("loader")
     text = root / "digits.txt"
-    text.write_text("".join(chr(ord("a") + (i * 7) % 26) for i in range(5000)))
+    rng = np.random.default_rng(0)  # no period: a window read from a wrong offset cannot match by accident
+    text.write_text("".join(rng.choice(list(string.ascii_lowercase), 5000)))
     # small shards, so many windows straddle a shard boundary
     return prepare(DataConfig(source="files", path=str(text), dir=str(root / "out"), shard_tokens=37), verbose=False)
 
@@ -77,8 +79,50 @@ def test_ranks_get_different_windows_that_together_make_the_single_process_batch
 
 
 def test_device_argument(folder):
-    x, y = ShardLoader(folder, "val", B, T, seed=0, device="cpu").get_batch(0)
-    assert x.device.type == y.device.type == "cpu"
+    """A device other than the default proves the loader moves its batches (meta needs no GPU)."""
+    x, y = ShardLoader(folder, "val", B, T, seed=0, device="meta").get_batch(0)
+    assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (B, T)
+
+
+def test_cuda_batches_are_pinned_and_copied_without_blocking(folder, monkeypatch):
+    """Faked on CPU: every batch for a CUDA device goes through pinned memory and a non-blocking copy."""
+    calls: list = []
+
+    def pin_memory(self, *args):
+        calls.append("pin")
+        return self
+
+    def to(self, device, *args, non_blocking=False, **kwargs):
+        calls.append((torch.device(device), non_blocking))
+        return self
+
+    loader = ShardLoader(folder, "train", B, T, seed=3, device="cuda:1")
+    expected = ShardLoader(folder, "train", B, T, seed=3).get_batch(2)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    x, y = loader.get_batch(2)
+    monkeypatch.undo()
+    assert calls == ["pin", (torch.device("cuda", 1), True)] * 2
+    assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+
+
+def test_batches_come_in_step_order_one_fetch_ahead(folder, monkeypatch):
+    loader = ShardLoader(folder, "train", B, T, seed=5)
+    fetched: list = []
+    original = loader.get_batch
+    monkeypatch.setattr(loader, "get_batch",
+                        lambda step, micro=0: fetched.append((step, micro)) or original(step, micro))
+    batches = loader.batches(7, 3)
+    assert fetched == [(7, 0)]  # the first fetch happens at the call
+    first = next(batches)
+    assert fetched == [(7, 0), (7, 1)]  # the next batch is on its way before the first is used
+    got = [first] + [next(batches) for _ in range(4)]
+    order = [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1)]
+    for (x, y), (step, micro) in zip(got, order):
+        ex, ey = original(step, micro)
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    with pytest.raises(ValueError, match="micro_steps: 0"):
+        loader.batches(0, 0)  # checked at the call, not at the first next()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -60,3 +60,50 @@ def test_kv_cache_decode_matches_full_forward_on_cuda():
         model(idx[:, :20], cache=cache)
         steps = [model(idx[:, t:t + 1], cache=cache)[0][:, 0] for t in range(20, 40)]
     assert torch.allclose(torch.stack(steps, 1), full[:, 20:], atol=1e-4)
+
+
+def test_loader_on_cuda_gives_the_cpu_batches(tiny_config):
+    from data.loader import ShardLoader
+    from data.prepare import prepare
+
+    prepare(tiny_config.data, verbose=False)
+    cpu = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=3)
+    gpu = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=3, device="cuda")
+    batches = gpu.batches(5, 2)
+    for step, micro in [(5, 0), (5, 1), (6, 0)]:
+        x, y = next(batches)
+        assert x.is_cuda and y.is_cuda
+        ex, ey = cpu.get_batch(step, micro)
+        assert torch.equal(x.cpu(), ex) and torch.equal(y.cpu(), ey)
+
+
+def test_training_forward_on_cuda_takes_full_logits_without_returning_them():
+    torch.manual_seed(0)
+    model = GPT(_cfg()).cuda()
+    idx = torch.randint(0, 512, (4, 256), device="cuda")
+    none, loss = model(idx, torch.roll(idx, -1, 1), return_logits=False)
+    _, reference = model(idx, torch.roll(idx, -1, 1))
+    assert none is None and "Chunked" not in type(loss.grad_fn).__name__
+    assert torch.allclose(loss, reference)
+
+
+def test_trainer_on_cuda_resumes_with_its_own_gpus_rng_and_restores_fp32_precision(tiny_config):
+    import json
+    from pathlib import Path
+
+    from model.checkpoint import load_trainer_state
+    from train.loop import train
+
+    before = torch.get_float32_matmul_precision()
+    tiny_config.train.device, tiny_config.train.dtype, tiny_config.train.stop_at = "cuda", "auto", 10
+    assert train(tiny_config)["step"] == 10
+    assert torch.get_float32_matmul_precision() == before
+    state = load_trainer_state(Path(tiny_config.train.out_dir) / "latest")
+    assert isinstance(state["rng"]["cuda"], torch.Tensor) and state["device_type"] == "cuda"
+    native = torch.cuda.is_bf16_supported(including_emulation=False)
+    assert state["dtype"] == ("bfloat16" if native else "float16")
+    tiny_config.train.stop_at, tiny_config.train.resume = 0, "auto"
+    assert train(tiny_config)["step"] == 20
+    rows = [json.loads(line) for line in (Path(tiny_config.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in rows if "train/loss" in r]
+    assert losses[-1] < losses[0]

@@ -48,7 +48,7 @@ def test_resume_from_a_planted_trainer_state_is_one_line(tiny_config, tmp_path):
     res = subprocess.run([sys.executable, "-m", "scripts.train", "--config", "configs/tiny.toml",
                           "--data.source", "files", "--data.path", tiny_config.data.path,
                           "--data.dir", tiny_config.data.dir, "--train.out_dir", tiny_config.train.out_dir,
-                          "--train.resume", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          "--train.resume", "auto", "--log.attention", "false", "--log.sample_tokens", "0"], cwd=ROOT, capture_output=True, text=True, timeout=180,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     err = res.stderr.strip().splitlines()
     assert res.returncode == 2 and err[-1].startswith("error: ") and "refused" in err[-1], res.stderr[-2000:]

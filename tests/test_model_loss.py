@@ -63,3 +63,33 @@ def test_bf16_autocast_training_path_stays_close_to_fp32():
     for name, grad in g32.items():
         assert g16[name].dtype == torch.float32
         assert ((g16[name] - grad).norm() / grad.norm()).item() < 0.03, name
+
+
+def test_the_chunked_loss_is_the_training_path_on_cpu_only():
+    from model.loss import chunked_loss_pays
+
+    assert chunked_loss_pays(torch.zeros(2, 3))
+    assert not chunked_loss_pays(torch.zeros(2, 3, device="meta"))  # any other device: full logits
+
+
+def test_the_full_logits_training_path_returns_no_logits_and_matches_the_chunked_one(monkeypatch):
+    """What CUDA runs (full logits + fused cross-entropy), forced on CPU: same loss and gradients, no logits."""
+    import model.gpt as gpt
+    from model.config import ModelConfig
+
+    torch.manual_seed(0)
+    a = gpt.GPT(ModelConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, logit_softcap=10.0))
+    b = gpt.GPT(a.config)
+    b.load_state_dict(a.state_dict())
+    x, y = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    y[0, :3] = -1
+    _, chunked = a(x, y, return_logits=False)
+    monkeypatch.setattr(gpt, "chunked_loss_pays", lambda hidden: False)
+    none, full = b(x, y, return_logits=False)
+    assert none is None and full.grad_fn is not None and "Chunked" not in type(full.grad_fn).__name__
+    assert "Chunked" in type(chunked.grad_fn).__name__
+    assert torch.allclose(chunked, full, atol=1e-6)
+    chunked.backward()
+    full.backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name

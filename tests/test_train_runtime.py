@@ -1,5 +1,7 @@
-"""Device and precision choices, and the training benchmark script end to end on a tiny model."""
+"""Device and precision choices (CUDA ones faked on CPU), data-sheet peaks, and the training benchmark script."""
 from __future__ import annotations
+
+import datetime
 
 import pytest
 import torch
@@ -50,3 +52,101 @@ def test_bench_train_compares_both_loops(tmp_path, corpus_file):
 def test_bench_train_bad_config_is_one_line():
     res = run_script("scripts.bench_train", "--config", "configs/no_such.toml", timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+# --- CUDA conditions, faked on CPU ---------------------------------------------------------------------------------
+
+def fake_cuda(monkeypatch, devices: int = 2, bf16_native: bool = True) -> list:
+    """torch.cuda as on a machine with `devices` GPUs; returns the list that records set_device calls."""
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_native or
+                        including_emulation)
+    return calls
+
+
+def test_torchrun_puts_each_rank_on_cuda_local_rank(monkeypatch):
+    fake_cuda(monkeypatch, devices=2)
+    for asked in ("cuda", "cuda:0", "auto"):
+        assert runtime.pick_device(asked, 1, distributed=True) == torch.device("cuda", 1)
+    assert runtime.pick_device("cuda:1", 0) == torch.device("cuda", 1)  # one process: the index asked for
+    with pytest.raises(ValueError, match="LOCAL_RANK 2 needs cuda:2, but only 2"):
+        runtime.pick_device("cuda", 2, distributed=True)
+    with pytest.raises(ValueError, match="cuda:5 asked for, but only 2"):
+        runtime.pick_device("cuda:5", 0)
+
+
+@pytest.fixture
+def keep_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield before
+    torch.set_float32_matmul_precision(before)
+
+
+def test_setup_under_torchrun_binds_the_local_gpu_with_a_long_timeout_and_tf32(monkeypatch, capsys,
+                                                                                keep_matmul_precision):
+    set_device = fake_cuda(monkeypatch, devices=2)
+    joined: list[dict] = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # rank 0 of this run on a node's second GPU
+    monkeypatch.setattr(runtime.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kw: joined.append(kw))
+    before = keep_matmul_precision
+    rt = runtime.setup("cuda:0", "float32", 768)
+    assert rt.device == torch.device("cuda", 1) and set_device == [torch.device("cuda", 1)]
+    assert joined == [{"backend": "nccl", "timeout": datetime.timedelta(hours=1)}]
+    assert "cuda:0 is ignored under torchrun" in capsys.readouterr().err
+    assert torch.get_float32_matmul_precision() == "high"  # TF32 for fp32 matmuls
+    assert runtime.ddp_options(rt) == {"device_ids": [1], "gradient_as_bucket_view": True,
+                                       "broadcast_buffers": False}
+    runtime.teardown(rt)
+    assert torch.get_float32_matmul_precision() == before  # exact comparisons elsewhere see fp32 again
+    runtime.setup("cuda", "float32", 768, timeout_s=90)
+    assert joined[-1]["timeout"] == datetime.timedelta(seconds=90)
+
+
+def test_dist_timeout_must_be_positive():
+    from train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="train.dist_timeout"):
+        TrainConfig(dist_timeout=0).validate()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_cuda_auto_dtype_is_bf16_only_where_native(monkeypatch, native):
+    fake_cuda(monkeypatch, bf16_native=native)  # emulated bf16 "is supported" either way
+    expected = torch.bfloat16 if native else torch.float16
+    assert pick_dtype("auto", torch.device("cuda", 0), 768) == expected
+    rt = runtime.Runtime(device=torch.device("cuda", 0), dtype=expected)
+    assert rt.needs_grad_scaler() == (not native)
+
+
+def test_a_resumed_run_keeps_its_dtype_only_on_the_same_kind_of_device(monkeypatch):
+    cpu_fp32 = runtime.Runtime(device=CPU, dtype=torch.float32)
+    kept = {"dtype": "bfloat16", "device_type": "cpu"}
+    assert runtime.resumed_dtype(kept, cpu_fp32, "auto") == torch.bfloat16
+    assert runtime.resumed_dtype(kept, cpu_fp32, "float32") == torch.float32  # an explicit dtype wins
+    assert runtime.resumed_dtype({"dtype": "bfloat16", "device_type": "cuda"}, cpu_fp32, "auto") == torch.float32
+    assert runtime.resumed_dtype({"dtype": "bfloat16"}, cpu_fp32, "auto") == torch.float32  # kind unknown: re-pick
+    fake_cuda(monkeypatch, bf16_native=False)
+    gpu_fp16 = runtime.Runtime(device=torch.device("cuda", 0), dtype=torch.float16)
+    assert runtime.resumed_dtype({"dtype": "bfloat16", "device_type": "cuda"}, gpu_fp16, "auto") == torch.float16
+
+
+def test_datasheet_peaks_are_matched_by_exact_name(monkeypatch):
+    bf16 = torch.bfloat16
+    expected = {"NVIDIA H100 80GB HBM3": 989.4e12, "NVIDIA H100 PCIe": 756.5e12, "NVIDIA H100 NVL": 835.5e12,
+                "NVIDIA H200": 989.4e12, "NVIDIA H200 NVL": 835.5e12, "NVIDIA A100-SXM4-80GB": 312e12,
+                "NVIDIA A100 80GB PCIe": 312e12, "NVIDIA L4": 121e12, "NVIDIA L40": 181.05e12,
+                "NVIDIA L40S": 362.05e12, "NVIDIA B200": 2250e12}
+    for name, flops in expected.items():
+        assert runtime.datasheet_peak(name, bf16)[0] == flops, name
+    assert runtime.datasheet_peak("NVIDIA H100 PCIe", torch.float32)[0] == 756.5e12 / 2  # TF32
+    for unknown in ("NVIDIA H100", "NVIDIA L40G", "NVIDIA GeForce RTX 4090", "Tesla T4"):  # no substring matches
+        peak, source = runtime.datasheet_peak(unknown, bf16)
+        assert peak == 0.0 and "unknown GPU" in source
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
+    assert runtime.peak_flops(torch.device("cuda", 0), bf16)[0] == 835.5e12

@@ -31,6 +31,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda, mps, cpu) | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 on CUDA, fp16 if not supported; on CPU see README) | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the model
+    dist_timeout: float = 3600.0  # seconds a torchrun process waits in a collective before failing
     resume: str = "never"  # never | auto (continue from out_dir/latest if present)
     stop_at: int = 0  # end this invocation after this many steps, saving latest/ (resume later); 0 = off
     overwrite: bool = False  # allow an out_dir that holds a different run to be replaced
@@ -43,6 +44,8 @@ class TrainConfig:
         for key in ("stop_at", "max_seconds", "lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "warmup_iters"):
             if getattr(self, key) < 0:
                 raise ValueError(f"train.{key}: {getattr(self, key)} must be >= 0")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"train.dist_timeout: {self.dist_timeout} must be > 0 (seconds)")
         if self.min_lr > self.lr:
             raise ValueError(f"train.min_lr: {self.min_lr} is above train.lr = {self.lr}")
         if not 0.0 < self.decay_fraction <= 1.0:

@@ -29,7 +29,7 @@ from train.config import RunConfig
 from train.evaluation import estimate_losses, eval_extras, probe_text
 from train.optim import build_optimizer, lr_factor, set_lr
 from train.rundir import RunLock, check_same_text, clear_run, resume_point
-from train.runtime import DTYPES, Runtime, peak_flops, setup, teardown
+from train.runtime import Runtime, ddp_options, peak_flops, resumed_dtype, setup, teardown
 from train.tracking import Tracker
 
 class StopRequested:
@@ -68,17 +68,26 @@ def _agree(rt: Runtime, flag: bool, elapsed: float) -> tuple[bool, float]:
     return bool(t[0].item() > 0), float(t[1].item())
 
 
-def _rng_state() -> dict:
+def _rng_state(device: torch.device) -> dict:
+    """The CPU generator's state and, on CUDA, that of this process's own GPU only: a resume may see fewer GPUs
+    than the save did (another machine, CUDA_VISIBLE_DEVICES), and the run draws from no other."""
     state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
-    if torch.cuda.is_available() and "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda")
+    if device.type != "cuda" or saved is None:
+        return
+    if isinstance(saved, (list, tuple)):  # older checkpoints: every visible GPU's state, by device index
+        index = device.index or 0
+        if index >= len(saved):
+            return
+        saved = saved[index]
+    torch.cuda.set_rng_state(saved, device)
 
 
 def _seed_rank(rt: Runtime, seed: int, step: int, state: dict | None) -> None:
@@ -87,9 +96,26 @@ def _seed_rank(rt: Runtime, seed: int, step: int, state: dict | None) -> None:
     new run) it starts a fresh one per (seed, rank, step). Runs after the model is built, so weights match anyway."""
     saved = (state or {}).get("rng_ranks")
     if saved and len(saved) == rt.world_size:
-        _set_rng_state(saved[rt.rank])
+        _set_rng_state(saved[rt.rank], rt.device)
     else:
         torch.manual_seed(seed + 1_000_003 * (rt.rank + 1) + step)
+
+
+def _on_rank0(rt: Runtime, job, what: str):
+    """Run `job` on rank 0 alone; every rank returns its result or raises. Rank 0 re-raises its own exception, the
+    others a RuntimeError naming it, instead of waiting in their next collective until the process-group timeout."""
+    result, failure, error = None, None, ""
+    if rt.is_main:
+        try:
+            result = job()
+        except Exception as e:  # noqa: BLE001 - whatever it is, the other ranks must hear of it
+            failure, error = e, f"rank 0 failed while {what}: {type(e).__name__}: {e}"
+    error = _from_rank0(rt, error)  # also the barrier after rank 0's work
+    if failure is not None:
+        raise failure
+    if error:
+        raise RuntimeError(error)
+    return result
 
 
 def _raise_if_any(rt: Runtime, error: str) -> None:
@@ -140,7 +166,7 @@ def _gather_rng(rt: Runtime) -> list | None:
     if not rt.distributed:
         return None
     states: list = [None] * rt.world_size
-    dist.all_gather_object(states, _rng_state())
+    dist.all_gather_object(states, _rng_state(rt.device))
     return states
 
 
@@ -155,7 +181,7 @@ def _progress_bar(tc, step: int, elapsed: float, show: bool) -> tqdm:
 
 def train(cfg: RunConfig) -> dict:
     """Run (or continue) training as `cfg` says; returns a summary of the finished run."""
-    rt = setup(cfg.train.device, cfg.train.dtype, cfg.model.n_embd)
+    rt = setup(cfg.train.device, cfg.train.dtype, cfg.model.n_embd, cfg.train.dist_timeout)
     lock = RunLock(Path(cfg.train.out_dir))
     try:
         error = ""
@@ -168,7 +194,7 @@ def train(cfg: RunConfig) -> dict:
         return _train(cfg, rt)
     finally:
         lock.release()
-        teardown()
+        teardown(rt)
 
 
 def _train(cfg: RunConfig, rt: Runtime) -> dict:
@@ -214,8 +240,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     _raise_if_any(rt, error)
     if resuming and rt.distributed:  # optimizer, progress and RNG streams from rank 0; DDP copies its weights
         state = _from_rank0(rt, state)
-    if state is not None and tc.dtype == "auto" and state.get("dtype") in DTYPES:
-        rt.dtype = DTYPES[state["dtype"]]  # a resumed run keeps the precision it started with
+    if state is not None:  # the precision it started with, unless it moved to another kind of device
+        rt.dtype = _from_rank0(rt, resumed_dtype(state, rt, tc.dtype))
     model.to(rt.device)
     optimizer = build_optimizer(model, tc, rt.device.type)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.needs_grad_scaler())
@@ -227,25 +253,25 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
             scaler.load_state_dict(state["scaler"])
         step, elapsed, tokens = state["step"], state["elapsed"], state["tokens"]
         best_val, run_id, wandb_id = state["best_val"], state["run_id"], state.get("wandb_id")
-        _set_rng_state(state["rng"])
+        _set_rng_state(state["rng"], rt.device)
     if rt.distributed:
         _seed_rank(rt, tc.seed, step, state)
     raw_model = model
     if tc.compile:
         model = torch.compile(model)
     if rt.distributed:
-        model = DDP(model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None)
+        model = DDP(model, **ddp_options(rt))
 
     train_loader = ShardLoader(cfg.data.dir, "train", tc.batch_size, cfg.model.block_size, tc.seed,
-                               rank=rt.rank, world_size=rt.world_size)
+                               rank=rt.rank, world_size=rt.world_size, device=rt.device)
     ShardLoader(cfg.data.dir, "val", tc.batch_size, cfg.model.block_size, tc.seed)  # a too-small val split fails now
     tokens_per_step = tc.batch_size * cfg.model.block_size * tc.grad_accum * rt.world_size
     flops_per_step = raw_model.flops_per_token() * tokens_per_step
     peak, peak_source = peak_flops(rt.device, rt.dtype) if rt.is_main else (0.0, "")
-    tracker = None
+    tracker = _on_rank0(rt, lambda: Tracker(out, run_config, cfg.log.wandb, cfg.log.wandb_project,
+                                            cfg.log.wandb_run_name, resume_step=step if state is not None else None,
+                                            run_id=wandb_id), "starting the metrics log")
     if rt.is_main:
-        tracker = Tracker(out, run_config, cfg.log.wandb, cfg.log.wandb_project, cfg.log.wandb_run_name,
-                          resume_step=step if state is not None else None, run_id=wandb_id)
         n_params = raw_model.num_params()
         print(f"model: {n_params / 1e6:.2f}M parameters, {raw_model.flops_per_token() / 1e6:.1f} MFLOP/token; "
               f"device {rt.device} {str(rt.dtype).replace('torch.', '')}, world size {rt.world_size}; "
@@ -260,8 +286,9 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
         if with_state:
             trainer_state = {"step": step, "elapsed": elapsed, "tokens": tokens, "best_val": best_val,
                              "run_id": run_id, "wandb_id": tracker.run_id if tracker else None,
-                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": _rng_state(),
-                             "rng_ranks": rank_rngs, "dtype": str(rt.dtype).removeprefix("torch.")}
+                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                             "rng": _rng_state(rt.device), "rng_ranks": rank_rngs,
+                             "dtype": str(rt.dtype).removeprefix("torch."), "device_type": rt.device.type}
         save_checkpoint(out / name, raw_model, tokenizer, run_config, trainer_state)
 
     def run_eval() -> float:
@@ -283,24 +310,47 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
         return losses["val"]
 
     bar = _progress_bar(tc, step, elapsed, rt.is_main)
+    batches = train_loader.batches(step, tc.grad_accum)  # one ahead: the next batch's copy overlaps this step
+    # The host runs ahead of the GPU. Only `settle` waits for it: at log, eval and stop steps, not at every step.
+    window_loss = torch.zeros((), device=rt.device)  # the losses since the last settle, so a NaN between is caught
+    settled_step, settled_elapsed = step, elapsed
+    shared_elapsed = elapsed  # DDP: the clock the ranks last agreed on (time-based LR and max_seconds use it)
+    loss_sum = grad_norm = None
+
+    def settle() -> tuple[float, float]:
+        """This step's loss and grad norm on the host (averaged over ranks); raises if a loss since the last
+        settle was not finite, before any checkpoint could keep the damage."""
+        nonlocal window_loss
+        values = torch.stack([loss_sum, window_loss, grad_norm.float()])
+        if rt.distributed:
+            dist.all_reduce(values, op=dist.ReduceOp.AVG if rt.device.type == "cuda" else dist.ReduceOp.SUM)
+            if rt.device.type != "cuda":
+                values /= rt.world_size
+        loss_value, window_value, norm = values.tolist()
+        window_loss = torch.zeros_like(window_loss)
+        if not math.isfinite(window_value):
+            raise RuntimeError(f"non-finite loss at or before step {step} (read every train.log_interval steps); "
+                               f"stopped without saving, the last good checkpoint stays in {out / 'latest'} "
+                               "(try a lower train.lr)")
+        return loss_value, norm
+
     last_val, stop_reason = math.nan, "max_iters"
     with StopRequested() as stop:
         while step < tc.max_iters:
-            if tc.max_seconds and elapsed >= tc.max_seconds:
+            clock = shared_elapsed if rt.distributed else elapsed
+            if tc.max_seconds and clock >= tc.max_seconds:
                 stop_reason = "max_seconds"
                 break
             t0 = time.perf_counter()
-            progress = elapsed / tc.max_seconds if tc.max_seconds else step / max(1, tc.max_iters - 1)
+            progress = clock / tc.max_seconds if tc.max_seconds else step / max(1, tc.max_iters - 1)
             lr = set_lr(optimizer, lr_factor(step, progress, tc))
             loss_sum = torch.zeros((), device=rt.device)
             for micro in range(tc.grad_accum):
-                x, y = train_loader.get_batch(step, micro)
-                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+                x, y = next(batches)
                 sync = not rt.distributed or micro == tc.grad_accum - 1
                 with contextlib.nullcontext() if sync else model.no_sync():  # no all-reduce on micro-steps
                     with rt.autocast():
-                        # the chunked head+loss keeps no [B, T, vocab] logits; compiled graphs get the plain path
-                        _, loss = model(x, y, return_logits=tc.compile)
+                        _, loss = model(x, y, return_logits=False)  # no [B, T, vocab] logits outlive the forward
                         loss = loss / tc.grad_accum
                     scaler.scale(loss).backward()
                 loss_sum += loss.detach()
@@ -309,48 +359,54 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            if rt.distributed:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if rt.device.type == "cuda" else dist.ReduceOp.SUM)
-                if rt.device.type != "cuda":
-                    loss_sum /= rt.world_size
-            loss_value = loss_sum.item()
-            if not math.isfinite(loss_value):
-                raise RuntimeError(f"non-finite loss ({loss_value}) at step {step}; stopped without saving, "
-                                   f"the last good checkpoint stays in {out / 'latest'} (try a lower train.lr)")
+            window_loss += loss_sum
             step += 1
             tokens += tokens_per_step
+            at_log = step % tc.log_interval == 0 or step == 1
+            at_eval = step % tc.eval_interval == 0 or step == tc.max_iters
+            at_pause = bool(tc.stop_at and step >= tc.stop_at)
+            signalled = stop.flag and not rt.distributed  # under DDP a signal waits for the ranks' next agreement
+            settling = at_log or at_eval or at_pause or signalled
+            if settling:
+                loss_value, grad_value = settle()
             dt = time.perf_counter() - t0
             elapsed += dt
             if rt.is_main:
-                tok_s = tokens_per_step / dt
-                bar.set_postfix(step=step, loss=f"{loss_value:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 bar.update(min(dt, tc.max_seconds - bar.n) if tc.max_seconds else 1)
-                if step % tc.log_interval == 0 or step == 1:
+            if settling:
+                window_s, window_steps = max(elapsed - settled_elapsed, 1e-9), step - settled_step
+                settled_step, settled_elapsed = step, elapsed
+                tok_s = tokens_per_step * window_steps / window_s
+                if rt.is_main:
+                    bar.set_postfix(step=step, loss=f"{loss_value:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                if rt.is_main and at_log:  # speeds over the steps since the last settle: one step's host time
+                    step_ms = window_s / window_steps * 1000  # is only its launch time on CUDA
                     record = {"step": step, "tokens": tokens, "train/loss": loss_value, "lr": lr,
-                              "grad_norm": float(grad_norm), "tokens/s": tok_s, "step_time_ms": dt * 1000,
+                              "grad_norm": grad_value, "tokens/s": tok_s, "step_time_ms": step_ms,
                               "elapsed_s": round(elapsed, 3)}
                     if peak:
-                        record["mfu"] = flops_per_step / dt / (peak * rt.world_size)
+                        record["mfu"] = flops_per_step * window_steps / window_s / (peak * rt.world_size)
                         record["peak_flops"] = peak
                     tracker.log(record)
-            stopping, elapsed = _agree(rt, stop.flag, elapsed)
-            at_eval = step % tc.eval_interval == 0 or step == tc.max_iters
-            if at_eval or stopping or (tc.stop_at and step >= tc.stop_at):  # a checkpoint may follow
+            stopping = signalled
+            if rt.distributed and (at_log or at_eval or at_pause):  # every log_interval steps, not every step
+                stopping, shared_elapsed = _agree(rt, stop.flag, elapsed)
+            if at_eval or stopping or at_pause:  # a checkpoint may follow
                 rank_rngs = _gather_rng(rt)
-            if rt.is_main and at_eval:
-                last_val = run_eval()
-            if stopping or (tc.stop_at and step >= tc.stop_at):
+            if at_eval:
+                last_val = _on_rank0(rt, run_eval, f"evaluating at step {step}")
+            if stopping or at_pause:
                 stop_reason = "signal" if stopping else "stop_at"
-                if rt.is_main and not at_eval:
-                    checkpoint("latest", with_state=True)
+                if not at_eval:
+                    _on_rank0(rt, lambda: checkpoint("latest", with_state=True), f"saving at step {step}")
                 break
-            _barrier(rt) if at_eval else None
         else:
             stop_reason = "max_iters"
         if stop_reason == "max_seconds" and step % tc.eval_interval != 0:
+            if settled_step != step:
+                settle()
             rank_rngs = _gather_rng(rt)
-            if rt.is_main:
-                last_val = run_eval()
+            last_val = _on_rank0(rt, run_eval, f"evaluating at step {step}")
     bar.close()
     _barrier(rt)
     summary = {"step": step, "tokens": tokens, "elapsed_s": elapsed, "best_val": best_val, "last_val": last_val,

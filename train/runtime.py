@@ -3,16 +3,34 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-# Dense bf16 tensor-core peaks (no sparsity) from the vendors' data sheets, for MFU on CUDA.
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-                 "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
+# Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's data sheets, for MFU on CUDA, keyed by the exact name
+# torch.cuda.get_device_name reports. Exact, because a substring would read "NVIDIA H100 PCIe" (756 TFLOP/s) or
+# "NVIDIA H100 NVL" as the 989 TFLOP/s SXM part, and "NVIDIA L40" as an L4.
+GPU_PEAK_BF16 = {
+    "NVIDIA H100 80GB HBM3": 989.4e12,  # H100 SXM5
+    "NVIDIA H100 PCIe": 756.5e12,
+    "NVIDIA H100 NVL": 835.5e12,
+    "NVIDIA H200": 989.4e12,  # H200 SXM
+    "NVIDIA H200 NVL": 835.5e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA L40": 181.05e12,
+    "NVIDIA L40S": 362.05e12,
+    "NVIDIA B200": 2250e12,
+}
+DIST_TIMEOUT_S = 3600.0  # default process-group timeout: rank 0 may prepare data or evaluate for a long while alone
 
 
 @dataclass
@@ -22,6 +40,7 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    saved_matmul_precision: str | None = None  # the fp32 matmul precision before setup, restored by teardown
 
     @property
     def is_main(self) -> bool:
@@ -40,8 +59,20 @@ class Runtime:
         return self.dtype == torch.float16
 
 
-def pick_device(name: str, local_rank: int = 0, option: str = "train.device") -> torch.device:
-    """auto = cuda, then mps, then cpu; a device that is asked for but missing is a one-line error naming `option`."""
+def pick_device(name: str, local_rank: int = 0, option: str = "train.device",
+                distributed: bool = False) -> torch.device:
+    """auto = cuda, then mps, then cpu; a device that is asked for but missing is a one-line error naming `option`.
+
+    `distributed` (several torchrun processes): CUDA is always cuda:LOCAL_RANK, whatever index was asked for, or all
+    the processes of a node would share one GPU.
+    """
+    if distributed and (name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())):
+        if not torch.cuda.is_available():
+            raise ValueError(f"{option}: {name} asked for, but no CUDA device is available")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"{option}: LOCAL_RANK {local_rank} needs cuda:{local_rank}, but only "
+                             f"{torch.cuda.device_count()} CUDA device(s) are visible")
+        return torch.device("cuda", local_rank)
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank)
@@ -55,9 +86,12 @@ def pick_device(name: str, local_rank: int = 0, option: str = "train.device") ->
     if name == "cuda":
         return torch.device("cuda", local_rank)
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
         raise ValueError(f"{option}: {name!r} is not one of auto, cpu, cuda, cuda:N, mps") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"{option}: {name} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -77,18 +111,45 @@ def cpu_has_amx() -> bool:
 
 
 def pick_dtype(name: str, device: torch.device, width: int = 0) -> torch.dtype:
-    """auto: bf16 on CUDA where supported, else fp16 (with a GradScaler). On CPU, bf16 autocast where the CPU has
-    AMX and the model is at least CPU_BF16_MIN_WIDTH wide (`width` = n_embd); fp32 otherwise, because without AMX
-    torch's bf16 products measured slower than fp32 (163 vs 286 GFLOP/s on an earlier reading of this machine)."""
+    """auto: bf16 on CUDA where the GPU computes it natively (Ampere and later), else fp16 (with a GradScaler): an
+    emulated bf16 runs far below the fp16 rate. On CPU, bf16 autocast where the CPU has AMX and the model is at
+    least CPU_BF16_MIN_WIDTH wide (`width` = n_embd); fp32 otherwise, because without AMX torch's bf16 products
+    measured slower than fp32 (163 vs 286 GFLOP/s on an earlier reading of this machine)."""
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if cuda_bf16_native() else torch.float16
         if device.type == "cpu" and width >= CPU_BF16_MIN_WIDTH and cpu_has_amx():
             return torch.bfloat16
         return torch.float32
     dtype = DTYPES[name]
     if dtype == torch.float16 and device.type == "cpu":
         raise ValueError("train.dtype: float16 autocast is not supported on CPU; use bfloat16 or float32")
+    return dtype
+
+
+def cuda_bf16_native() -> bool:
+    """bf16 in hardware on the current CUDA device (setup made it the run's)."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def dtype_runs_on(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether autocast in `dtype` is worth keeping on `device`: no fp16 on CPU, no emulated bf16 on CUDA."""
+    if device.type == "cpu":
+        return dtype != torch.float16
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        return cuda_bf16_native()
+    return True
+
+
+def resumed_dtype(saved: dict | None, rt: Runtime, dtype_name: str) -> torch.dtype:
+    """The dtype a resumed run computes in. Under auto it keeps the one it started with (so a resumed run repeats an
+    uninterrupted one, even on a CPU where auto would answer otherwise), unless the run moved to another kind of
+    device (CPU <-> CUDA, or to a GPU without native bf16): there it takes what auto picked for this device."""
+    if dtype_name != "auto" or not saved:
+        return rt.dtype
+    dtype = DTYPES.get(saved.get("dtype", ""))
+    if dtype is None or saved.get("device_type") != rt.device.type or not dtype_runs_on(dtype, rt.device):
+        return rt.dtype
     return dtype
 
 
@@ -112,46 +173,69 @@ def keep_freed_memory() -> bool:
     return False
 
 
-def setup(device_name: str, dtype_name: str, width: int = 0) -> Runtime:
-    """Join the torchrun process group if there is one (NCCL on CUDA, gloo otherwise). `width` (the model's n_embd)
-    steers dtype auto on CPU."""
+def setup(device_name: str, dtype_name: str, width: int = 0, timeout_s: float = DIST_TIMEOUT_S) -> Runtime:
+    """Join the torchrun process group if there is one (NCCL on CUDA, gloo otherwise), with a `timeout_s` timeout
+    for every collective. `width` (the model's n_embd) steers dtype auto on CPU. On CUDA, fp32 matmuls may use TF32
+    (torch.set_float32_matmul_precision("high")) until teardown puts the old precision back."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_name, local_rank)
+    device = pick_device(device_name, local_rank, distributed=world_size > 1)
+    if world_size > 1 and device.type == "cuda" and device_name.startswith("cuda:") and rank == 0 \
+            and device_name != f"cuda:{local_rank}":
+        print(f"note: train.device {device_name} is ignored under torchrun: each process uses cuda:LOCAL_RANK",
+              file=sys.stderr)
     if device.type == "cpu":
         keep_freed_memory()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL, the allocator's statistics and new tensors default to this GPU
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    saved_precision = None
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        saved_precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high")
     dtype = pick_dtype(dtype_name, device, width)
     if world_size > 1 and dtype_name == "auto":  # machines may differ (AMX or not): all ranks take rank 0's choice
         box = [str(dtype).removeprefix("torch.")]
         dist.broadcast_object_list(box, src=0)
         dtype = DTYPES[box[0]]
-    return Runtime(device=device, dtype=dtype, rank=rank, local_rank=local_rank, world_size=world_size)
+    return Runtime(device=device, dtype=dtype, rank=rank, local_rank=local_rank, world_size=world_size,
+                   saved_matmul_precision=saved_precision)
 
 
-def teardown() -> None:
+def teardown(rt: Runtime | None = None) -> None:
+    """Leave the process group and restore what setup changed globally (the fp32 matmul precision)."""
+    if rt is not None and rt.saved_matmul_precision is not None:
+        torch.set_float32_matmul_precision(rt.saved_matmul_precision)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def ddp_options(rt: Runtime) -> dict:
+    """DistributedDataParallel's arguments: this process's GPU, gradients kept as views into the all-reduce buckets
+    (no copy in and out of them each step, and no second gradient-sized buffer), and no broadcast of buffers before
+    every forward (the model's buffers are fixed tables, the same on every rank)."""
+    return {"device_ids": [rt.device.index] if rt.device.type == "cuda" else None,
+            "gradient_as_bucket_view": True, "broadcast_buffers": False}
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
     """Peak FLOP/s assumed for MFU, and where the figure came from."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, flops in GPU_PEAK_BF16.items():
-            if key in name:
-                scale = 1.0 if dtype in (torch.bfloat16, torch.float16) else 0.5  # TF32 runs at about half rate
-                return flops * scale, f"{name} data sheet"
-        return 0.0, f"unknown GPU {name}"
+        return datasheet_peak(torch.cuda.get_device_name(device), dtype)
     name = "bf16" if dtype == torch.bfloat16 else "fp32"
     return measure_matmul_flops(device, dtype=dtype), f"measured {name} matmul on this CPU"
+
+
+def datasheet_peak(gpu_name: str, dtype: torch.dtype) -> tuple[float, str]:
+    """The data-sheet peak of the GPU called exactly `gpu_name` (0.0 when it is not in GPU_PEAK_BF16), in `dtype`:
+    fp32 matmuls run as TF32 (setup's precision "high"), at half the bf16 rate on these parts."""
+    flops = GPU_PEAK_BF16.get(gpu_name.strip())
+    if flops is None:
+        return 0.0, f"unknown GPU {gpu_name!r}: no data-sheet peak, so no MFU"
+    scale = 1.0 if dtype in (torch.bfloat16, torch.float16) else 0.5
+    return flops * scale, f"{gpu_name} data sheet, dense {'bf16/fp16' if scale == 1.0 else 'tf32'}"
 
 
 def measure_matmul_flops(device: torch.device, n: int = 1024, reps: int = 4,
