@@ -1,4 +1,5 @@
-"""Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, or a Hugging Face dataset.
+"""Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, a Hugging Face dataset,
+or `repeats`, random strings each written twice (the text where induction heads form fastest).
 
 A source is a stream of documents, and a document a stream of text pieces, so nothing needs the whole corpus in
 memory. `corpus_pieces` joins the documents with a blank line between them, or with the end-of-text separator for
@@ -21,6 +22,8 @@ from data.config import DataConfig
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"  # the downloaded copy, kept in data.dir
+REPEATS_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+REPEATS_SEED = 0  # the repeats corpus is the same text on every machine
 READ_BYTES = 8 << 20  # files are read in pieces of this size
 
 Document = Iterable[str]
@@ -38,6 +41,8 @@ def describe(cfg: DataConfig) -> str:
         return f"tinyshakespeare ({cfg.path or TINYSHAKESPEARE_URL})"
     if cfg.source == "files":
         return f"files ({cfg.path})"
+    if cfg.source == "repeats":
+        return f"repeats ({cfg.repeats_docs} random strings of up to {cfg.repeats_max_len} letters, each twice)"
     parts = [cfg.hf_name] + ([cfg.hf_config] if cfg.hf_config else []) + [f"split={cfg.hf_split}"]
     return f"hf ({' '.join(parts)}, field={cfg.hf_text_field}{', data files ' + cfg.path if cfg.path else ''})"
 
@@ -75,6 +80,10 @@ def source_stamp(cfg: DataConfig) -> dict | None:
         return _files_stamp([path]) if path.is_file() else None
     if cfg.source == "files":
         return _files_stamp(resolve_files(cfg.path))
+    if cfg.source == "repeats":
+        import hashlib
+        code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # the generator is this module
+        return {"corpus": describe(cfg), "code_sha256": code}
     local = Path(cfg.hf_name).expanduser()
     if local.exists():  # a save_to_disk folder, a folder of data files, or a loading script
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
@@ -96,8 +105,25 @@ def documents(cfg: DataConfig) -> Iterator[Document]:
         return iter([read_text_file(Path(cfg.path) if cfg.path else download_tinyshakespeare(Path(cfg.dir)))])
     if cfg.source == "files":
         return (read_text_file(p) for p in resolve_files(cfg.path))
+    if cfg.source == "repeats":
+        return ([doc] for doc in repeated_strings(cfg.repeats_docs, cfg.repeats_max_len))
     from data.hf import hf_documents
     return hf_documents(cfg)
+
+
+def repeated_strings(n_docs: int, max_len: int, seed: int = REPEATS_SEED) -> Iterator[str]:
+    """`n_docs` documents, each a string of random letters (drawn with replacement) followed by itself.
+
+    Nothing predicts a letter of the first copy; every letter of the second is given by the letter after the same
+    position in the first, which is what an induction head looks up. Lengths vary, so no fixed offset works."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    letters = np.array(list(REPEATS_ALPHABET))
+    low = max(2, max_len // 4)
+    for _ in range(n_docs):
+        s = "".join(letters[rng.integers(0, len(letters), size=int(rng.integers(low, max_len + 1)))])
+        yield s + s
 
 
 def corpus_pieces(docs: Iterable[Document], separator: str | None = None) -> Iterator[str]:

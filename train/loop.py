@@ -32,7 +32,8 @@ from train.optim import build_optimizer, lr_factor, set_lr
 from train.runtime import DTYPES, Runtime, peak_flops, setup, teardown
 from train.tracking import Tracker
 
-RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb")
+RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb",
+                 "tensorboard")
 
 
 class StopRequested:
@@ -265,7 +266,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     tracker = None
     if rt.is_main:
         tracker = Tracker(out, run_config, cfg.log.wandb, cfg.log.wandb_project, cfg.log.wandb_run_name,
-                          resume_step=step if state is not None else None, run_id=wandb_id)
+                          resume_step=step if state is not None else None, run_id=wandb_id,
+                          tensorboard=cfg.log.tensorboard)
         n_params = raw_model.num_params()
         print(f"model: {n_params / 1e6:.2f}M parameters, {raw_model.flops_per_token() / 1e6:.1f} MFLOP/token; "
               f"device {rt.device} {str(rt.dtype).replace('torch.', '')}, world size {rt.world_size}; "
