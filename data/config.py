@@ -11,7 +11,7 @@ DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each sha
 
 @dataclass
 class DataConfig:
-    source: str = "shakespeare"  # shakespeare | tinyshakespeare | files | hf | repeats (random letters, each twice)
+    source: str = "shakespeare"  # shakespeare | tinyshakespeare | files | hf | repeats (random strings, each twice)
     path: str = ""  # file, folder or glob (files); a local copy of the file (tinyshakespeare); data files (hf)
     tokenizer: str = "char"  # char | gpt2 | bpe
     vocab_size: int = 4096  # target vocabulary size of a trained bpe tokenizer
@@ -25,7 +25,7 @@ class DataConfig:
     num_proc: int = 0  # tokenizer processes; 0 = one per CPU core for corpora over 16 MB, else 1
     dtype: str = "auto"  # shard dtype: auto (uint16 when the vocabulary fits, else uint32) | uint16 | uint32
     shard_tokens: int = 100_000_000  # tokens per shard file; the last shard of a split holds the rest
-    repeats_docs: int = 40_000  # repeats: how many documents (one random string written twice)
+    repeats_docs: int = 4000  # repeats: how many documents (each 16 random strings, each written twice)
     repeats_max_len: int = 40  # repeats: longest random string; lengths are uniform in [max_len / 4, max_len]
 
     def validate(self) -> None:

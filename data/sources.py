@@ -1,5 +1,5 @@
 """Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, a Hugging Face dataset,
-or `repeats`, random strings each written twice (the text where induction heads form fastest).
+or `repeats`, random strings each written twice (text on which induction heads form within minutes).
 
 A source is a stream of documents, and a document a stream of text pieces, so nothing needs the whole corpus in
 memory. `corpus_pieces` joins the documents with a blank line between them, or with the end-of-text separator for
@@ -24,6 +24,8 @@ TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/maste
 TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"  # the downloaded copy, kept in data.dir
 REPEATS_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 REPEATS_SEED = 0  # the repeats corpus is the same text on every machine
+REPEATS_PER_DOC = 16  # repeated strings per document
+REPEATS_BRANCH = 4  # letters that may follow any two letters
 READ_BYTES = 8 << 20  # files are read in pieces of this size
 
 Document = Iterable[str]
@@ -42,7 +44,8 @@ def describe(cfg: DataConfig) -> str:
     if cfg.source == "files":
         return f"files ({cfg.path})"
     if cfg.source == "repeats":
-        return f"repeats ({cfg.repeats_docs} random strings of up to {cfg.repeats_max_len} letters, each twice)"
+        return (f"repeats ({cfg.repeats_docs} documents of {REPEATS_PER_DOC} random strings of up to "
+                f"{cfg.repeats_max_len} letters, each twice)")
     parts = [cfg.hf_name] + ([cfg.hf_config] if cfg.hf_config else []) + [f"split={cfg.hf_split}"]
     return f"hf ({' '.join(parts)}, field={cfg.hf_text_field}{', data files ' + cfg.path if cfg.path else ''})"
 
@@ -112,18 +115,30 @@ def documents(cfg: DataConfig) -> Iterator[Document]:
 
 
 def repeated_strings(n_docs: int, max_len: int, seed: int = REPEATS_SEED) -> Iterator[str]:
-    """`n_docs` documents, each a string of random letters (drawn with replacement) followed by itself.
+    """`n_docs` documents, each REPEATS_PER_DOC random strings of letters, each string followed by itself, with
+    nothing between them.
 
-    Nothing predicts a letter of the first copy; every letter of the second is given by the letter after the same
-    position in the first, which is what an induction head looks up. Lengths vary, so no fixed offset works."""
+    The letters follow a random second-order chain: after any two letters only REPEATS_BRANCH letters may come, so
+    a first copy is partly predictable from the two previous letters, which rewards a previous-token head early
+    (on uniform letters it would pay off only together with the induction head, and the two form after a long
+    plateau). A second copy is given exactly by the letter that followed the same letters last time, which is what
+    an induction head looks up. With varying lengths and no separators, no countable offset gives the answer."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     letters = np.array(list(REPEATS_ALPHABET))
+    n = len(letters)
+    allowed = np.stack([rng.choice(n, size=REPEATS_BRANCH, replace=False) for _ in range(n * n)]).reshape(n, n, -1)
     low = max(2, max_len // 4)
     for _ in range(n_docs):
-        s = "".join(letters[rng.integers(0, len(letters), size=int(rng.integers(low, max_len + 1)))])
-        yield s + s
+        parts = []
+        for _ in range(REPEATS_PER_DOC):
+            ids = list(rng.integers(0, n, size=2))
+            for _ in range(int(rng.integers(low, max_len + 1)) - 2):
+                ids.append(allowed[ids[-2], ids[-1], rng.integers(0, REPEATS_BRANCH)])
+            s = "".join(letters[ids])
+            parts += [s, s]
+        yield "".join(parts)
 
 
 def corpus_pieces(docs: Iterable[Document], separator: str | None = None) -> Iterator[str]:
