@@ -22,10 +22,10 @@ from data.config import DataConfig
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"  # the downloaded copy, kept in data.dir
-REPEATS_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+REPEATS_ALPHABET = "abcdefghijklmnop"  # 16 letters: 256 letter pairs, a chain table learnt in a few hundred steps
 REPEATS_SEED = 0  # the repeats corpus is the same text on every machine
 REPEATS_PER_DOC = 16  # repeated strings per document
-REPEATS_BRANCH = 4  # letters that may follow any two letters
+REPEATS_BRANCH = 3  # letters that may follow any two letters
 READ_BYTES = 8 << 20  # files are read in pieces of this size
 
 Document = Iterable[str]

@@ -51,7 +51,7 @@ def film(run: str, out: str) -> int:
         print(f"strongest induction head first >= {crossing['threshold']:g} at step {crossing['step']}: "
               f"L{crossing['layer']} H{crossing['head']} ({crossing['score']:.2f})")
     else:
-        print("no head's induction score reached 0.4")
+        print("no head's induction score reached the induction label's threshold")
     print(f"wrote {result['path']}")
     return 0
 
