@@ -80,9 +80,9 @@ class Tracker:
     def __init__(self, out_dir: Path, run_config: dict, use_wandb: bool, project: str, run_name: str,
                  resume_step: int | None = None, run_id: str | None = None, tensorboard: bool = False):
         self.metrics = MetricsLog(out_dir / "metrics.jsonl", resume_step)
-        from inspector.film import drop_frames_after  # attention frames past the resumed step would repeat too
+        if resume_step is not None:  # attention frames past the resumed step would repeat too
+            from inspector.film import drop_frames_after
 
-        if resume_step is not None:
             drop_frames_after(out_dir, resume_step)
         self.wandb = WandbLog(out_dir, run_config, project, run_name, run_id) if use_wandb else None
         self.tensorboard = None
