@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SOURCES = ("shakespeare", "tinyshakespeare", "files", "hf")
+SOURCES = ("shakespeare", "tinyshakespeare", "files", "hf", "repeats")
 TOKENIZERS = ("char", "gpt2", "bpe")
 DTYPES = ("auto", "uint16", "uint32")
 DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each shard dtype can hold
@@ -11,7 +11,7 @@ DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}  # how many token ids each sha
 
 @dataclass
 class DataConfig:
-    source: str = "shakespeare"  # shakespeare | tinyshakespeare | files | hf
+    source: str = "shakespeare"  # shakespeare | tinyshakespeare | files | hf | repeats (random strings, each twice)
     path: str = ""  # file, folder or glob (files); a local copy of the file (tinyshakespeare); data files (hf)
     tokenizer: str = "char"  # char | gpt2 | bpe
     vocab_size: int = 4096  # target vocabulary size of a trained bpe tokenizer
@@ -25,6 +25,8 @@ class DataConfig:
     num_proc: int = 0  # tokenizer processes; 0 = one per CPU core for corpora over 16 MB, else 1
     dtype: str = "auto"  # shard dtype: auto (uint16 when the vocabulary fits, else uint32) | uint16 | uint32
     shard_tokens: int = 100_000_000  # tokens per shard file; the last shard of a split holds the rest
+    repeats_docs: int = 4000  # repeats: how many documents (each 16 random strings, each written twice)
+    repeats_max_len: int = 40  # repeats: longest random string; lengths are uniform in [max_len / 4, max_len]
 
     def validate(self) -> None:
         """Raise ValueError('data.KEY: why') on the first bad value."""
@@ -48,6 +50,10 @@ class DataConfig:
                              f"{'uint32' if self.dtype == 'auto' else self.dtype} (at most {limit} ids)")
         if self.shard_tokens < 1:
             raise ValueError(f"data.shard_tokens: {self.shard_tokens} must be >= 1")
+        if self.repeats_docs < 1:
+            raise ValueError(f"data.repeats_docs: {self.repeats_docs} must be >= 1")
+        if self.repeats_max_len < 2:
+            raise ValueError(f"data.repeats_max_len: {self.repeats_max_len} must be >= 2")
         if self.num_proc < 0:
             raise ValueError(f"data.num_proc: {self.num_proc} must be >= 0")
         if not self.dir:

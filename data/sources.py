@@ -1,4 +1,5 @@
-"""Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, or a Hugging Face dataset.
+"""Where the text comes from: the built-in Shakespeare plays, tiny-Shakespeare, local files, a Hugging Face dataset,
+or `repeats`, random strings each written twice (text on which induction heads form within minutes).
 
 A source is a stream of documents, and a document a stream of text pieces, so nothing needs the whole corpus in
 memory. `corpus_pieces` joins the documents with a blank line between them, or with the end-of-text separator for
@@ -21,6 +22,10 @@ from data.config import DataConfig
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"  # the downloaded copy, kept in data.dir
+REPEATS_ALPHABET = "abcdefghijklmnop"  # 16 letters: 256 letter pairs, a chain table learnt in a few hundred steps
+REPEATS_SEED = 0  # the repeats corpus is the same text on every machine
+REPEATS_PER_DOC = 16  # repeated strings per document
+REPEATS_BRANCH = 3  # letters that may follow any two letters
 READ_BYTES = 8 << 20  # files are read in pieces of this size
 
 Document = Iterable[str]
@@ -38,6 +43,9 @@ def describe(cfg: DataConfig) -> str:
         return f"tinyshakespeare ({cfg.path or TINYSHAKESPEARE_URL})"
     if cfg.source == "files":
         return f"files ({cfg.path})"
+    if cfg.source == "repeats":
+        return (f"repeats ({cfg.repeats_docs} documents of {REPEATS_PER_DOC} random strings of up to "
+                f"{cfg.repeats_max_len} letters, each twice)")
     parts = [cfg.hf_name] + ([cfg.hf_config] if cfg.hf_config else []) + [f"split={cfg.hf_split}"]
     return f"hf ({' '.join(parts)}, field={cfg.hf_text_field}{', data files ' + cfg.path if cfg.path else ''})"
 
@@ -75,6 +83,10 @@ def source_stamp(cfg: DataConfig) -> dict | None:
         return _files_stamp([path]) if path.is_file() else None
     if cfg.source == "files":
         return _files_stamp(resolve_files(cfg.path))
+    if cfg.source == "repeats":
+        import hashlib
+        code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # the generator is this module
+        return {"corpus": describe(cfg), "code_sha256": code}
     local = Path(cfg.hf_name).expanduser()
     if local.exists():  # a save_to_disk folder, a folder of data files, or a loading script
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
@@ -96,8 +108,37 @@ def documents(cfg: DataConfig) -> Iterator[Document]:
         return iter([read_text_file(Path(cfg.path) if cfg.path else download_tinyshakespeare(Path(cfg.dir)))])
     if cfg.source == "files":
         return (read_text_file(p) for p in resolve_files(cfg.path))
+    if cfg.source == "repeats":
+        return ([doc] for doc in repeated_strings(cfg.repeats_docs, cfg.repeats_max_len))
     from data.hf import hf_documents
     return hf_documents(cfg)
+
+
+def repeated_strings(n_docs: int, max_len: int, seed: int = REPEATS_SEED) -> Iterator[str]:
+    """`n_docs` documents, each REPEATS_PER_DOC random strings of letters, each string followed by itself, with
+    nothing between them.
+
+    The letters follow a random second-order chain: after any two letters only REPEATS_BRANCH letters may come, so
+    a first copy is partly predictable from the two previous letters, which rewards a previous-token head early
+    (on uniform letters it would pay off only together with the induction head, and the two form after a long
+    plateau). A second copy is given exactly by the letter that followed the same letters last time, which is what
+    an induction head looks up. With varying lengths and no separators, no countable offset gives the answer."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    letters = np.array(list(REPEATS_ALPHABET))
+    n = len(letters)
+    allowed = np.stack([rng.choice(n, size=REPEATS_BRANCH, replace=False) for _ in range(n * n)]).reshape(n, n, -1)
+    low = max(2, max_len // 4)
+    for _ in range(n_docs):
+        parts = []
+        for _ in range(REPEATS_PER_DOC):
+            ids = list(rng.integers(0, n, size=2))
+            for _ in range(int(rng.integers(low, max_len + 1)) - 2):
+                ids.append(allowed[ids[-2], ids[-1], rng.integers(0, REPEATS_BRANCH)])
+            s = "".join(letters[ids])
+            parts += [s, s]
+        yield "".join(parts)
 
 
 def corpus_pieces(docs: Iterable[Document], separator: str | None = None) -> Iterator[str]:

@@ -148,7 +148,8 @@ def probe_attention(model: nn.Module, tokenizer, text: str = "", out_dir: str | 
 
     Returns {"stats": per-head dicts, "scalars": {"attn/max_induction", "attn/max_prev_token",
     "attn/mean_entropy_norm"}, "figure": the layers x heads grid (matplotlib Figure), "scores_figure": the
-    head-score heatmaps, "paths": the PNGs and head_stats.json/csv written into out_dir (empty without one)}.
+    head-score heatmaps, "capture": the Capture itself, "paths": the PNGs and head_stats.json/csv written into
+    out_dir (empty without one)}.
     Pass the bare model (not a DDP or torch.compile wrapper) so the hooks reach the attention modules.
     """
     ids = encode_prompt(tokenizer, text or DEFAULT_PROBE)[: min(max_tokens, model.config.block_size)]
@@ -162,7 +163,7 @@ def probe_attention(model: nn.Module, tokenizer, text: str = "", out_dir: str | 
         paths["scores_png"] = plots.save(scores_figure, Path(out_dir) / "head_scores.png")
         paths.update(write_stats(stats, out_dir, {"tokens": cap.tokens}))
     return {"stats": stats, "scalars": summary_scalars(stats), "figure": figure, "scores_figure": scores_figure,
-            "paths": paths}
+            "capture": cap, "paths": paths}
 
 
 def wandb_media(result: dict, prefix: str = "attn") -> dict:

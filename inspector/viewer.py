@@ -35,13 +35,16 @@ DESCRIPTIONS = {
 UNIT_KEYS = ["entropy_norm", "prev_token", "first_token", "self", "induction"]  # scores in [0, 1]
 
 
+def quantize_lower(weights: np.ndarray) -> np.ndarray:
+    """[L, H, T, T] causal weights -> uint8 [L, H, T(T+1)/2]: each lower triangle row by row, round(w * 255)."""
+    w = np.asarray(weights, dtype=np.float64)
+    rows, cols = np.tril_indices(w.shape[-1])
+    return np.clip(np.rint(w[..., rows, cols] * SCALE), 0, SCALE).astype(np.uint8)
+
+
 def encode_weights(weights: np.ndarray) -> str:
     """[L, H, T, T] causal weights -> base64 of the uint8-quantised lower triangles (see the module docstring)."""
-    w = np.asarray(weights, dtype=np.float64)
-    T = w.shape[-1]
-    rows, cols = np.tril_indices(T)
-    q = np.clip(np.rint(w[..., rows, cols] * SCALE), 0, SCALE).astype(np.uint8)
-    return base64.b64encode(q.tobytes()).decode("ascii")
+    return base64.b64encode(quantize_lower(weights).tobytes()).decode("ascii")
 
 
 def decode_weights(data: str, n_layers: int, n_heads: int, T: int) -> np.ndarray:

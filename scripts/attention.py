@@ -4,20 +4,27 @@
 
 writes into --out: attention_grid.png (layers x heads), attention_layer{i}.png, head_scores.png,
 attention.html (self-contained viewer), head_stats.json / .csv and attention.npz (raw weights and tokens).
+
+    python -m scripts.attention --run checkpoints/induction --over-training
+
+writes --out/attention_over_training.html: the film of the heads across the run's evaluations.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from scripts.cli import run_main
+from scripts.cli import Parser, run_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m scripts.attention", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ckpt", required=True,
-                   help="checkpoint directory, or a run folder (best/, else latest/); required")
-    p.add_argument("--prompt", required=True, help="text to run through the model; required")
+    p = Parser(prog="python -m scripts.attention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", help="checkpoint directory, or a run folder (best/, else latest/); required "
+                   "unless --over-training")
+    p.add_argument("--prompt", help="text to run through the model; required with --ckpt")
+    p.add_argument("--run", metavar="DIR", help="run folder whose saved evaluations --over-training shows")
+    p.add_argument("--over-training", action="store_true",
+                   help="write the film of --run: head scores and the probe's attention at every evaluation")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="generate N tokens after the prompt first, then capture prompt + continuation "
                         "(default: %(default)s)")
@@ -34,8 +41,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def film(run: str, out: str) -> int:
+    from inspector.film import write_film
+
+    result = write_film(run, out)
+    frames, crossing = result["frames"], result["crossing"]
+    print(f"{len(frames)} evaluations, steps {frames[0].step}..{frames[-1].step}")
+    if crossing:
+        print(f"strongest induction head first >= {crossing['threshold']:g} at step {crossing['step']}: "
+              f"L{crossing['layer']} H{crossing['head']} ({crossing['score']:.2f})")
+    else:
+        print("no head's induction score reached the induction label's threshold")
+    print(f"wrote {result['path']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.over_training or args.run:
+        if not (args.over_training and args.run) or args.ckpt:
+            parser.error("--over-training goes with --run DIR (and not with --ckpt)")
+        return film(args.run, args.out)
+    if not args.ckpt or args.prompt is None:
+        parser.error("--ckpt and --prompt are required (or --run DIR --over-training)")
     from model.checkpoint import load_checkpoint  # after parsing, so -h answers without importing torch
     from scripts.inference_args import pick_device
     from inspector.report import inspect_attention

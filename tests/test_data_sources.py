@@ -224,3 +224,50 @@ def test_hf_unknown_local_folder_is_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="data.hf_name: cannot load") as err:
         text_of(cfg)
     assert "\n" not in str(err.value)
+
+
+# --- repeats: random strings written twice (the induction recipe) -----------------------------------------------
+
+def split_pairs(doc: str, low: int, high: int) -> list[str] | None:
+    """The strings s of a document s1 s1 s2 s2 ..., lengths in [low, high]; None if it is no such document."""
+    if not doc:
+        return []
+    for n in range(low, high + 1):
+        if len(doc) >= 2 * n and doc[:n] == doc[n:2 * n]:
+            rest = split_pairs(doc[2 * n:], low, high)
+            if rest is not None:
+                return [doc[:n], *rest]
+    return None
+
+
+def test_repeats_are_random_strings_each_written_twice():
+    docs = list(sources.repeated_strings(40, 24))
+    assert len(docs) == 40 and docs == list(sources.repeated_strings(40, 24))  # fixed seed: the same text
+    strings = [split_pairs(d, 6, 24) for d in docs]
+    assert all(s is not None and len(s) == sources.REPEATS_PER_DOC for s in strings)
+    flat = [x for s in strings for x in s]
+    assert {len(x) for x in flat} == set(range(6, 25))  # lengths uniform in [max_len / 4, max_len]
+    assert set("".join(docs)) == set(sources.REPEATS_ALPHABET)  # letters only: no separator to count from
+    assert len(set(flat)) == len(flat)  # only the copy predicts the copy
+    assert list(sources.repeated_strings(5, 24, seed=1)) != docs[:5]
+
+
+def test_repeats_source_prepares_with_a_char_vocabulary(tmp_path):
+    from data.meta import read_meta
+    from data.prepare import prepare
+    from data.tokenizers import load_tokenizer
+
+    cfg = DataConfig(source="repeats", repeats_docs=30, repeats_max_len=16, dir=str(tmp_path / "d"))
+    prepare(cfg, verbose=False)
+    assert text_of(cfg).split("\n\n") == list(sources.repeated_strings(30, 16))
+    assert load_tokenizer(cfg.dir).vocab_size == len(sources.REPEATS_ALPHABET) + 1  # the letters and "\n"
+    assert "repeats (30 documents" in read_meta(cfg.dir)["source"]
+    cfg.repeats_docs = 31
+    prepare(cfg, verbose=False)  # another corpus: rebuilt, not reused
+    assert read_meta(cfg.dir)["source"].startswith("repeats (31 documents")
+
+
+@pytest.mark.parametrize("key, value", [("repeats_docs", 0), ("repeats_max_len", 1)])
+def test_repeats_bad_settings(key, value):
+    with pytest.raises(ValueError, match=f"data.{key}"):
+        DataConfig(source="repeats", **{key: value}).validate()

@@ -69,6 +69,7 @@ class LogConfig:
     wandb: bool = False  # log to Weights & Biases; WANDB_MODE=offline|disabled is honoured
     wandb_project: str = "attngpt"
     wandb_run_name: str = ""  # empty = wandb picks a name
+    tensorboard: bool = False  # write TensorBoard event files into out_dir/tensorboard (local only, no account)
     sample_prompt: str = "\n"  # prompt of the samples drawn at each evaluation
     sample_tokens: int = 200  # tokens per eval sample; 0 = no samples
     probe_prompt: str = ""  # text whose attention is captured at each eval; empty = a built-in probe

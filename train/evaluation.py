@@ -60,11 +60,12 @@ def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, 
 
 def eval_extras(model: torch.nn.Module, tokenizer, cfg: RunConfig, rt: Runtime, step: int, out_dir: Path,
                 tracker) -> None:
-    """Samples and attention at this step: to wandb (images, tables, scalars) and to the run folder.
+    """Samples and attention at this step: to the run folder (samples.txt; attention/step_N/ with the images, the
+    head statistics and the frame the film is made of) and to the tracker's backends.
 
     `model` must be the bare GPT (not DDP or compiled): the attention hooks live on its modules.
     """
-    media: dict = {}
+    samples: list[str] = []
     if cfg.log.sample_tokens > 0:
         try:
             samples = draw_samples(model, tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens, cfg.train.seed)
@@ -73,14 +74,13 @@ def eval_extras(model: torch.nn.Module, tokenizer, cfg: RunConfig, rt: Runtime, 
         with (out_dir / "samples.txt").open("a") as f:
             for s in samples:
                 f.write(f"--- step {step} ---\n{s}\n")
-        if tracker.wandb is not None:
-            import wandb
-            media["samples"] = wandb.Table(columns=["step", "sample"], data=[[step, s] for s in samples])
+    probe = None
     if cfg.log.attention:
-        from inspector.report import probe_attention, wandb_media
+        from inspector.film import save_frame
+        from inspector.report import probe_attention
 
-        probe = probe_attention(model, tokenizer, cfg.log.probe_prompt, out_dir / "attention" / f"step_{step:06d}")
+        folder = out_dir / "attention" / f"step_{step:06d}"
+        probe = probe_attention(model, tokenizer, cfg.log.probe_prompt, folder)
+        save_frame(folder, step, probe["capture"])
         tracker.log({"step": step, **probe["scalars"]})
-        if tracker.wandb is not None:
-            media.update(wandb_media(probe))
-    tracker.log_media(step, media)
+    tracker.log_eval(step, samples, probe)

@@ -270,7 +270,8 @@ def _train(cfg: RunConfig, rt: Runtime) -> dict:
     peak, peak_source = peak_flops(rt.device, rt.dtype) if rt.is_main else (0.0, "")
     tracker = _on_rank0(rt, lambda: Tracker(out, run_config, cfg.log.wandb, cfg.log.wandb_project,
                                             cfg.log.wandb_run_name, resume_step=step if state is not None else None,
-                                            run_id=wandb_id), "starting the metrics log")
+                                            run_id=wandb_id, tensorboard=cfg.log.tensorboard),
+                        "starting the metrics log")
     if rt.is_main:
         n_params = raw_model.num_params()
         print(f"model: {n_params / 1e6:.2f}M parameters, {raw_model.flops_per_token() / 1e6:.1f} MFLOP/token; "

@@ -22,7 +22,8 @@ from model.run_data import KEY as DATA_LOCATION
 from train.config import RunConfig
 
 LOCK_FILE = ".lock"
-RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb")
+RUN_ARTIFACTS = ("metrics.jsonl", "samples.txt", "latest", "best", ".latest.old", ".best.old", "attention", "wandb",
+                 "tensorboard")
 
 
 class RunLock:
