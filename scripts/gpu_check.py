@@ -363,7 +363,7 @@ def main() -> int:
         return child(sys.argv[2:])
     from scripts.cli import make_parser
 
-    parser = make_parser("python -m scripts.gpu_check", __doc__)
+    parser = make_parser("python -m scripts.gpu_check", __doc__, config=False)
     parser.add_argument("--text", help="tiny-Shakespeare file (default: the copy shipped in the repository, found by "
                                        "its sha256; without one, the built-in corpus)")
     parser.add_argument("--out", default="checkpoints/gpu_check", help="where runs and logs go")

@@ -104,7 +104,7 @@ def test_the_whole_check_on_cpu_as_on_a_bare_image(tmp_path, corpus_file):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in proc.stdout.splitlines()
             if line.startswith("| ") and not line.startswith(("| check", "|---"))}
     assert rows["environment"].startswith("torch ") and "dtype auto = " in rows["environment"]
-    assert re.fullmatch(r"\d+ skipped in [\d.]+s", rows["gpu tests"])  # collected as on the image, skipped on CPU
+    assert re.match(r"\d+ skipped in [\d.]+s", rows["gpu tests"])  # collected as on the image, skipped on CPU
     assert "full logits" in rows["lm-head loss"] and "fastest: " in rows["lm-head loss"]
     assert re.match(r"MFU \d+\.\d%, [\d,]+ tokens/s, [\d.]+ ms/step \(median of steps 10-30", rows["gpt2_124m"])
     assert re.match(r"val \d\.\d{4} <= 9\.0 at step 10 after \d+ s of training", rows["shakespeare_char"])
