@@ -148,13 +148,14 @@ def load_hf(path_or_name: str | Path, device: str | torch.device = "cpu") -> Che
                          f"{', '.join(m.MODEL_TYPE for m in ARCHS.values())}")
     module = ARCHS[arch]
     config = module.config_from_hf(hf, str(directory / CONFIG))
+    weights = _read_hf_weights(directory)
     tokenizer = _hf_tokenizer(directory, arch, config.vocab_size)
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids, the model {config.vocab_size}")
     if module is not hf_attngpt:
         config = _restore_saved(module, hf, config, tokenizer)
     model = GPT(config)
-    state = module.state_from_hf(_read_hf_weights(directory), config, str(directory))
+    state = module.state_from_hf(weights, config, str(directory))
     load_state(model, state, f"{directory}: weights do not match a {LABELS[arch]} of this config")
     model.to(device).eval()
     return Checkpoint(model=model, tokenizer=tokenizer, config=imported_run_config(config, tokenizer.name),
