@@ -16,6 +16,7 @@ class HubStandIn:
         self.token, self.max_requests, self.deadline = token, max_requests, time.monotonic() + timeout
         self.requests: list[tuple[str, str]] = []
         self.repos: dict[str, dict[str, bytes]] = {}  # repo id -> committed files
+        self.created: dict[str, dict] = {}  # repo id -> the create request (name, private, type, ...)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.timeout = 0.2
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -63,6 +64,7 @@ class HubStandIn:
                     request = json.loads(body)
                     repo = f"{request.get('organization') or 'tester'}/{request['name']}"
                     hub.repos.setdefault(repo, {})
+                    hub.created[repo] = request
                     return self._reply(200, {"url": f"{hub.url}/{repo}", "name": repo})
                 if len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "preupload":
                     files = json.loads(body)["files"]

@@ -79,9 +79,11 @@ def test_push_to_hub_uploads_the_export_folder(tmp_path):
         env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_standin_token", "HF_HOME": str(tmp_path / "hf_home"),
                "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}  # the suite runs offline; 127.0.0.1 is fine
         res = run_script("scripts.convert", "to-hf", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"),
-                         "--push-to-hub", "tester/tiny-attngpt", env=env)
+                         "--push-to-hub", "tester/tiny-attngpt", "--private", env=env)
     assert res.returncode == 0, res.stderr
     assert f"pushed to {hub.url}/tester/tiny-attngpt" in res.stdout
+    created = hub.created["tester/tiny-attngpt"]  # huggingface_hub 1.x sends private, 2.x visibility
+    assert created.get("private") is True or created.get("visibility") == "private"
     sent = hub.repos["tester/tiny-attngpt"]
     assert sent == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= sent.keys()
