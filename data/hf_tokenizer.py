@@ -20,7 +20,8 @@ from data.atomic import write_text_atomic
 from data.tokenizers import (EOT, GPT2_PATTERN, CharTokenizer, TiktokenTokenizer, Tokenizer, bpe_tokenizer,
                              byte_symbols, gpt2_tokenizer, symbols_to_bytes)
 
-HF_TOKENIZER, HF_TOKENIZER_CONFIG, HF_SPECIAL_TOKENS = "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
+HF_TOKENIZER, HF_TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
+HF_SPECIAL_TOKENS = "special_tokens_map.json"
 EVERY_CHARACTER = r"[\s\S]"  # `.` skips newlines in some regex dialects; this class never does
 
 

@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from model.checkpoint import load_any, save_checkpoint
-from model.hf_folder import ARCHS, check_logged_in, check_out_dir, export_hf, load_hf, push_to_hub
+from model.hf_folder import ARCHS, check_logged_in, check_out_dir, choose_arch, export_hf, load_hf, push_to_hub
 from model.nanogpt import load_nanogpt
 from scripts.cli import run_main
 from scripts.inference_args import HelpFormatter
@@ -56,9 +56,10 @@ def to_hf(args: argparse.Namespace) -> None:
         check_logged_in()  # before the export, so a missing login costs nothing
     ckpt = load_any(args.ckpt)
     try:
-        arch = export_hf(ckpt, args.out, arch=args.arch, overwrite=True)
+        arch = choose_arch(ckpt.model.config, args.arch)
     except ValueError as e:
         raise ValueError(f"--arch {args.arch}: {e}") from None
+    export_hf(ckpt, args.out, arch=arch, overwrite=True)
     module = ARCHS[arch]
     remote = ", trust_remote_code=True" if arch == "attngpt" else ""
     print(f"wrote {args.out} as {module.ARCHITECTURE} ({ckpt.model.num_params() / 1e6:.2f}M params, "
@@ -73,7 +74,8 @@ def main() -> int:
     try:
         check_out_dir(Path(args.out), args.overwrite)
     except ValueError:
-        raise ValueError(f"--out: {args.out} already exists and is not empty (pass --overwrite to replace it)") from None
+        raise ValueError(f"--out: {args.out} already exists and is not empty "
+                         "(pass --overwrite to replace it)") from None
     if args.command == "to-hf":
         to_hf(args)
         return 0

@@ -1,4 +1,4 @@
-"""nanoGPT checkpoints in (model/nanogpt.py): equal logits, its meta.pkl vocabulary, and no code run from either file."""
+"""nanoGPT checkpoints in (model/nanogpt.py): equal logits, its meta.pkl vocabulary, no code run from either file."""
 from __future__ import annotations
 
 import pickle

@@ -15,7 +15,8 @@ from data.tokenizers import EOT, CharTokenizer, gpt2_files, gpt2_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
-MIXED = "First line\n\n  second, indented\tline\r\n中文的句子。 Emoji: 🙂👍🏽 naïve café 42,000 don't\n\n\n  end  "
+MIXED = ("First line\n\n  second, indented\tline\r\n中文的句子。 Emoji: 🙂👍🏽 naïve café 42,000 don't"
+         "\n\n\n  end  ")
 
 
 @pytest.fixture(scope="module")
