@@ -103,3 +103,13 @@ def test_convert_from_hf_then_sample_with_gpt2_bpe_matches_transformers(tmp_path
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
                       do_sample=False, pad_token_id=0)
     assert res.stdout == tok.decode(out[0, ids.size(1):].tolist()) + "\n"
+
+
+def test_folder_of_an_architecture_we_do_not_read_is_one_line_naming_it(tmp_path):
+    hf_model().save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    res = run_script("scripts.convert", "from-hf", "--src", str(tmp_path / "hf"), "--out", str(tmp_path / "ours"))
+    assert res.returncode == 2 and len(res.stderr.splitlines()) == 1
+    assert "model_type 'mistral' is not one of gpt2, llama, attngpt" in res.stderr
+    assert not (tmp_path / "ours").exists()
