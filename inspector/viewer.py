@@ -6,7 +6,7 @@ Weights are stored compactly: for each (layer, head) in order, the lower triangl
 0..i, the upper triangle is always 0), each weight rounded to uint8 = round(w * 255), all base64-encoded. The
 decoded value q / 255 is within half a step (1/510) of the true weight. The data sits in a
 `<script type="application/json">` block with `<`, `>` and `&` written as \\u escapes, so no token text can end
-the block; the page's only script is allowed by its sha256 hash in the Content-Security-Policy, which forbids
+the block; the page's only script (inspector/assets/viewer.js, style viewer.css) is allowed by its sha256 hash in the Content-Security-Policy, which forbids
 every network load (default-src 'none').
 """
 from __future__ import annotations
@@ -15,12 +15,18 @@ import base64
 import hashlib
 import html
 import json
+from importlib import resources
 
 import matplotlib
 import numpy as np
 
 from inspector.stats import STAT_KEYS, THRESHOLDS
-from inspector.viewer_page import CSS, JS
+
+
+def asset(name: str) -> str:
+    """A file of inspector/assets (CSS, JS), shipped as package data and inlined into a page."""
+    return resources.files("inspector").joinpath("assets", name).read_text(encoding="utf-8")
+
 
 SCALE = 255
 DESCRIPTIONS = {
@@ -86,7 +92,8 @@ def render_viewer(weights: np.ndarray, tokens: list[str], layers: list[int], hea
         "descriptions": DESCRIPTIONS, "colormap": _colormap_hex(),
     }
     rules = "; ".join(f"{name}: {key} \u2265 {value:g}" for name, (key, value) in THRESHOLDS.items())
-    csp = (f"default-src 'none'; script-src {_csp_hash(JS)}; style-src {_csp_hash(CSS)}; img-src data:; "
+    css, js = asset("viewer.css"), asset("viewer.js")
+    csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:; "
            "base-uri 'none'; form-action 'none'")
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -95,7 +102,7 @@ def render_viewer(weights: np.ndarray, tokens: list[str], layers: list[int], hea
 <meta http-equiv="Content-Security-Policy" content="{csp}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
-<style>{CSS}</style>
+<style>{css}</style>
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
@@ -124,7 +131,7 @@ def render_viewer(weights: np.ndarray, tokens: list[str], layers: list[int], hea
 repeated twice. Heuristic labels, first match wins: {html.escape(rules)}; otherwise mixed.</p>
 <div id="tip" hidden></div>
 <script type="application/json" id="attn-data">{_json_for_script(data)}</script>
-<script>{JS}</script>
+<script>{js}</script>
 </body>
 </html>
 """

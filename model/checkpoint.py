@@ -12,7 +12,7 @@ import pickle
 import shutil
 import uuid
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +160,28 @@ def load_tensors_only(path: str | os.PathLike) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def imported_run_config(config: ModelConfig, tokenizer_name: str) -> dict:
+    """The run config an imported checkpoint carries: its model, and a data section with no corpus."""
+    return {"model": asdict(config), "data": {"tokenizer": tokenizer_name, "dir": ""}}
+
+
+def load_any(spec: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
+    """What `--ckpt` accepts: an attngpt checkpoint or run folder, a Hugging Face GPT-2 / Llama / attngpt folder,
+    a nanoGPT ckpt.pt, or a GPT-2 hub name (downloaded when online)."""
+    from model.hf_folder import HUB_NAMES, hf_arch, load_hf  # they build on this module
+    from model.nanogpt import is_nanogpt, load_nanogpt
+
+    path = Path(spec)
+    if is_nanogpt(path):
+        return load_nanogpt(path, device=device)
+    if path.is_dir() and hf_arch(path) is not None:
+        return load_hf(path, device)
+    if not path.exists() and str(spec) in {*HUB_NAMES, *HUB_NAMES.values()}:
+        return load_hf(str(spec), device)
+    resolve_checkpoint_dir(path)  # one-line error for a missing path or a folder that is no checkpoint
+    try:
+        return load_checkpoint(path, device)
+    except (TypeError, KeyError, AttributeError) as e:  # a config.json of the wrong shape
+        raise ValueError(f"corrupt checkpoint {path}: {type(e).__name__}: {e}") from None

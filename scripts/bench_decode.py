@@ -75,7 +75,7 @@ def hf_runner(model: GPT, idx: torch.Tensor) -> Callable | None:
         from transformers.generation.streamers import BaseStreamer
     except ImportError:
         return None
-    from model.interop import hf_config, state_to_hf
+    from model.hf_gpt2 import hf_config, state_to_hf
 
     class FirstToken(BaseStreamer):
         def __init__(self):

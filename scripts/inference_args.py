@@ -8,8 +8,7 @@ import torch
 from train.runtime import DTYPES
 from train.runtime import pick_device as runtime_pick_device
 
-from model.checkpoint import Checkpoint
-from model.interop import load_any
+from model.checkpoint import Checkpoint, load_any
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -17,8 +16,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def add_model_options(parser: argparse.ArgumentParser, many: bool = False) -> None:
-    what = ("checkpoint folder or run folder (best/, else latest/), an HF GPT-2 folder, a nanoGPT ckpt.pt, "
-            "or a hub name gpt2|gpt2-medium|gpt2-large|gpt2-xl (online only)")
+    what = ("checkpoint folder or run folder (best/, else latest/), an HF GPT-2, Llama or attngpt folder, "
+            "a nanoGPT ckpt.pt, or a hub name gpt2|gpt2-medium|gpt2-large|gpt2-xl (online only)")
     if many:
         parser.add_argument("--ckpt", action="append", required=True, help=what + "; repeat to compare")
     else:

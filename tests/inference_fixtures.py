@@ -42,9 +42,10 @@ def char_checkpoint(directory: Path, data_dir: str = "", seed: int = 0, block_si
     return save_checkpoint(directory, model, tok, {"model": asdict(cfg), "data": {"tokenizer": "char", "dir": data_dir}})
 
 
-def run_script(module: str, *args: str, input: str | None = None, timeout: float = 120
+def run_script(module: str, *args: str, input: str | None = None, timeout: float = 120, env: dict | None = None
                ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # tiny models: one thread is faster
+    """`python -m module args` from the repository root; `env` adds to (or blanks) environment variables."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}  # tiny models: one thread
     env.pop("ATTNGPT_DEBUG", None)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, input=input or "",
                           capture_output=True, text=True, timeout=timeout)

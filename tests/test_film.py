@@ -58,7 +58,7 @@ def test_the_page_is_self_contained(tmp_path):
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)
     assert "default-src 'none'" in csp and "connect-src" not in csp
     assert not re.search(r"(src|href)=\"(https?:)?//", page)
-    assert film._asset("film.js") in page and film._asset("film.css") in page  # the package files, inline
+    assert film.asset("film.js") in page and film.asset("film.css") in page  # the package files, inline
     data = json.loads(re.search(r'id="film-data">(.*?)</script>', page, re.S).group(1))
     assert [f["step"] for f in data["frames"]] == [10, 20, 30]
     assert data["frames"][0]["scores"]["induction"][8] < 0.4 <= data["frames"][1]["scores"]["induction"][8]  # L1 H3

@@ -1,53 +1,3 @@
-"""The static parts of the attention viewer page: its CSS and its JavaScript (no libraries, nothing fetched).
-
-The script reads the JSON block `#attn-data` written by `inspector.viewer`, decodes the uint8 lower-triangle
-weights, and draws with canvas. Token text only ever reaches the page through `textContent` and canvas
-`fillText`, never through innerHTML, so no token can inject markup.
-"""
-
-CSS = """
-:root { --fg: #1d1d1f; --muted: #6b6b70; --line: #e3e3e8; --accent: #2171b5; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
-       margin: 0 auto; padding: 16px 24px 40px; max-width: 1400px; }
-h1 { font-size: 20px; margin: 0 0 2px; }
-h2 { font-size: 14px; margin: 18px 0 6px; color: var(--muted); font-weight: 600; }
-.sub { color: var(--muted); margin: 0 0 12px; }
-.controls { display: flex; gap: 18px; align-items: center; flex-wrap: wrap; padding: 8px 0;
-            border-bottom: 1px solid var(--line); margin-bottom: 12px; }
-.controls select { font: inherit; padding: 2px 6px; }
-#status { color: var(--muted); }
-.main { display: flex; gap: 28px; align-items: flex-start; flex-wrap: wrap; }
-.left { flex: 0 0 auto; }
-.right { flex: 1 1 360px; min-width: 320px; }
-#map { cursor: crosshair; display: block; }
-#legend { display: flex; align-items: center; gap: 8px; color: var(--muted); font-size: 12px; margin-top: 6px; }
-#thumbs { display: flex; flex-wrap: wrap; gap: 8px; }
-.thumb { text-align: center; font-size: 11px; color: var(--muted); cursor: pointer; }
-.thumb canvas { width: 84px; height: 84px; image-rendering: pixelated; border: 2px solid transparent;
-                display: block; }
-.thumb.on canvas { border-color: var(--accent); }
-.thumb.on { color: var(--fg); font-weight: 600; }
-#tokens { font: 13px/1.9 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-.tok { display: inline-block; white-space: pre; padding: 0; margin: 0 1px 3px 0; border-radius: 2px;
-       cursor: pointer; line-height: 1.5; min-width: 0.5em; }
-.tok.future { color: #b9b9bf; }
-.tok.query { outline: 2px solid #d62728; outline-offset: 0; }
-.tok.gen { text-decoration: underline dotted #999; }
-.nlbreak { display: block; height: 0; }
-table { border-collapse: collapse; font-size: 12.5px; font-variant-numeric: tabular-nums; }
-th, td { padding: 3px 9px; border-bottom: 1px solid var(--line); text-align: right; }
-th { cursor: pointer; user-select: none; color: var(--muted); font-weight: 600; position: sticky; top: 0;
-     background: #fff; }
-td.label { text-align: left; }
-tr.on td { background: #fff3c4; font-weight: 600; }
-tbody tr { cursor: pointer; }
-.note { color: var(--muted); font-size: 12px; max-width: 900px; }
-#tip { position: fixed; pointer-events: none; background: #222; color: #fff; padding: 4px 8px; border-radius: 4px;
-       font: 12px/1.4 ui-monospace, Menlo, Consolas, monospace; white-space: pre; z-index: 10; }
-"""
-
-JS = r"""
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("attn-data").textContent);
@@ -267,4 +217,3 @@ JS = r"""
   syncPickers();
   draw();
 })();
-"""
