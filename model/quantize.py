@@ -45,7 +45,7 @@ def _cpu_engine() -> str | None:
     return next((e for e in ("x86", "fbgemm") if e in engines), None)
 
 
-def _import_torchao():
+def import_torchao():
     """torchao logs a warning for each of its CUDA-only libraries it cannot load on a CPU build, and torch one about
     how torchao registers an enum: neither is the user's news."""
     quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
@@ -95,7 +95,7 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
         return model
     device = next(model.parameters()).device
     check_quantize(mode, device, next(model.parameters()).dtype)
-    tq = _import_torchao()
+    tq = import_torchao()
     for parent, name, linear in _linears(model):
         # a tied head gets a new int8 parameter of its own; the embedding keeps the original
         tq.quantize_(linear, tq.Int8WeightOnlyConfig(set_inductor_config=False, version=2), filter_fn=lambda m, fqn: True)

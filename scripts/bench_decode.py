@@ -28,7 +28,7 @@ from torch import nn
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, stream_tokens
-from model.quantize import Int8Linear, check_quantize, quantize_model
+from model.quantize import Int8Linear, check_quantize, import_torchao, quantize_model
 from scripts.cli import run_main
 from scripts.inference_args import HelpFormatter, load_model, pick_device
 
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "that sample takes; transformers' row only where it exports to GPT2LMHeadModel)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (timers read after a device sync)")
     p.add_argument("--skip-int8", action="store_true", help="leave out the int8 rows")
+    p.add_argument("--int8-kernels", action="store_true", help="instead of decoding, time one pass over the "
+                   "model's Linear layers on one token with each candidate int8 kernel against fp32, and stop")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length")
     p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's default")
@@ -158,6 +160,37 @@ def matvec_floor(model: GPT, batch_size: int, reps: int = 20) -> tuple[float, fl
     return best, nbytes
 
 
+@torch.inference_mode()
+def compare_int8_kernels(model: GPT, rounds: int) -> None:
+    """The int8 kernels torch and torchao offer for a one-token product, against fp32, on the model's own Linear
+    shapes and weights, alternating: why model/quantize.py runs fbgemm on CPU."""
+    tq = import_torchao()
+    fp32 = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    ao = copy.deepcopy(fp32)
+    for m in ao:
+        tq.quantize_(m, tq.Int8WeightOnlyConfig(set_inductor_config=False, version=2), filter_fn=lambda *_: True)
+    fbgemm = [Int8Linear(m.weight.qdata, m.weight.scale, m.bias) for m in ao]
+    packed = [(m.weight.qdata, m.weight.scale.flatten(), m.bias) for m in ao]
+
+    def int8pack(q, s, b):
+        return lambda x: torch._weight_int8pack_mm(x, q, s) + (0 if b is None else b)
+
+    kernels = {"fp32 F.linear (the floor)": fp32, "fbgemm int8 (used on CPU)": fbgemm,
+               "torchao Int8WeightOnlyConfig": ao, "torch._weight_int8pack_mm": [int8pack(*a) for a in packed]}
+    inputs = [torch.randn(1, m.in_features) for m in fp32]
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for _ in range(rounds * 5):
+        for name, layers in kernels.items():
+            t0 = time.perf_counter()
+            for m, x in zip(layers, inputs):
+                m(x)
+            times[name].append(time.perf_counter() - t0)
+    base = min(times["fp32 F.linear (the floor)"])
+    print(f"{'kernel, one token through every Linear':<40}{'best ms':>9}{'median ms':>11}{'vs fp32':>9}")
+    for name, t in times.items():
+        print(f"{name:<40}{min(t) * 1000:>9.1f}{statistics.median(t) * 1000:>11.1f}{base / min(t):>8.2f}x")
+
+
 def agreement(toks: torch.Tensor, reference: torch.Tensor) -> str:
     """How far greedy tokens follow the reference: the matching prefix (after the first difference the contexts
     differ, so later matches mean less) and the share of equal positions."""
@@ -182,6 +215,9 @@ def main() -> int:
         model, what = gpt2_small().to(device), "GPT-2 124M shape, random init"
     if args.prompt_tokens + max(args.new_tokens) > model.config.block_size:
         raise ValueError(f"--prompt-tokens + --new-tokens exceeds the model's block_size {model.config.block_size}")
+    if args.int8_kernels:
+        compare_int8_kernels(model, args.rounds)
+        return 0
     idx = torch.randint(0, model.config.vocab_size, (args.batch_size, args.prompt_tokens), device=device)
     greedy = SamplingSettings(temperature=0.0)
     qmodel = None if args.skip_int8 else quantize_model(copy.deepcopy(model), "int8")
