@@ -96,9 +96,10 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
     device = next(model.parameters()).device
     check_quantize(mode, device, next(model.parameters()).dtype)
     tq = import_torchao()
+    config = tq.Int8WeightOnlyConfig(set_inductor_config=False, version=2)  # version 2: qdata + scale per row
     for parent, name, linear in _linears(model):
         # a tied head gets a new int8 parameter of its own; the embedding keeps the original
-        tq.quantize_(linear, tq.Int8WeightOnlyConfig(set_inductor_config=False, version=2), filter_fn=lambda m, fqn: True)
+        tq.quantize_(linear, config, filter_fn=lambda m, fqn: True)
         if device.type == "cpu":
             w = linear.weight
             setattr(parent, name, Int8Linear(w.qdata, w.scale, linear.bias))

@@ -213,11 +213,11 @@ def main() -> int:
         model, what = load_model(args.ckpt, args.device, "float32").model, args.ckpt
     else:
         model, what = gpt2_small().to(device), "GPT-2 124M shape, random init"
-    if args.prompt_tokens + max(args.new_tokens) > model.config.block_size:
-        raise ValueError(f"--prompt-tokens + --new-tokens exceeds the model's block_size {model.config.block_size}")
     if args.int8_kernels:
         compare_int8_kernels(model, args.rounds)
         return 0
+    if args.prompt_tokens + max(args.new_tokens) > model.config.block_size:
+        raise ValueError(f"--prompt-tokens + --new-tokens exceeds the model's block_size {model.config.block_size}")
     idx = torch.randint(0, model.config.vocab_size, (args.batch_size, args.prompt_tokens), device=device)
     greedy = SamplingSettings(temperature=0.0)
     qmodel = None if args.skip_int8 else quantize_model(copy.deepcopy(model), "int8")

@@ -2,7 +2,7 @@
 
   python -m scripts.evaluate --ckpt checkpoints/shakespeare_char
   python -m scripts.evaluate --ckpt runs/a --ckpt runs/b --text-file notes.txt --json
-  python -m scripts.evaluate --ckpt checkpoints/shakespeare_char --quantize int8   # full precision and int8 side by side
+  python -m scripts.evaluate --ckpt checkpoints/shakespeare_char --quantize int8   # as loaded and int8, side by side
 
 The split (or file) is cut into consecutive windows of block_size + 1 tokens that overlap by one, so every token
 but the first is predicted exactly once, from the tokens before it in its window. Bits per byte divides the total
@@ -139,7 +139,8 @@ def print_table(results: list[dict]) -> None:
     rows = [[r["checkpoint"], f"{r['params'] / 1e6:.2f}M", f"{r['tokens']:,}", f"{r['loss']:.4f}",
              f"{r['perplexity']:.3f}", f"{r['bits_per_byte']:.4f}"]
             + ([f"{r[f'{q}_loss']:.4f}", f"{r[f'{q}_loss_change']:+.2%}"] if q else []) for r in results]
-    header = ["checkpoint", "params", "tokens", "loss", "perplexity", "bits/byte"] + ([f"{q} loss", "change"] if q else [])
+    header = ["checkpoint", "params", "tokens", "loss", "perplexity", "bits/byte"]
+    header += [f"{q} loss", "change"] if q else []
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))

@@ -16,7 +16,8 @@ from model.inference import SamplingSettings, generate
 from model.quantize import Int8Linear, check_quantize, quantize_model
 from scripts import evaluate, sample
 from scripts.attention import main as attention_main
-from tests.inference_fixtures import TEXT, char_checkpoint, one_thread, run_main_inprocess, run_script, tiny_model  # noqa: F401
+from tests.inference_fixtures import (TEXT, char_checkpoint, one_thread, run_main_inprocess, run_script,  # noqa: F401
+                                      tiny_model)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -159,3 +160,27 @@ def test_int8_linear_matches_its_dequantized_weights_on_rounded_inputs():
         got = layer(x)
     assert torch.allclose(got, expect, atol=1e-3, rtol=1e-3), (got - expect).abs().max()
     assert not torch.allclose(got, F.linear(x, w, ref_lin.bias), atol=1e-5)  # the input rounding is real
+
+
+def test_comparison_table_gains_int8_columns(setup, monkeypatch, capsys):
+    root, ckpt = setup
+    code, out, err = run_main_inprocess(evaluate.main, ["--ckpt", str(ckpt), "--ckpt", str(ckpt), "--quantize", "int8"],
+                                        monkeypatch, capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[-3:] == ["int8", "loss", "change"], err
+    assert lines[2].endswith("%") and lines[2].split()[-3] != lines[2].split()[-2]  # fp32 and int8 losses differ
+
+
+def test_bench_on_a_checkpoint_and_the_kernel_comparison(setup):
+    root, ckpt = setup
+    res = run_script("scripts.bench_decode", "--ckpt", str(ckpt), "--new-tokens", "3", "--prompt-tokens", "4",
+                     "--skip-sampling", "--skip-hf", "--threads", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    names = [line[:38].strip() for line in res.stdout.splitlines() if line.startswith("attngpt")]
+    assert names == ["attngpt cached, greedy", "attngpt cached, int8, greedy", "attngpt full recompute, greedy"]
+    res = run_script("scripts.bench_decode", "--ckpt", str(ckpt), "--int8-kernels", "--rounds", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = {line[:40].strip(): line.split()[-1] for line in res.stdout.splitlines()[1:]}
+    assert list(rows) == ["fp32 F.linear (the floor)", "fbgemm int8 (used on CPU)", "torchao Int8WeightOnlyConfig",
+                          "torch._weight_int8pack_mm"]
+    assert rows["fp32 F.linear (the floor)"] == "1.00x" and all(r.endswith("x") for r in rows.values())
