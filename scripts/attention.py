@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep at most the last N tokens, and at most block_size (default: %(default)s)")
     p.add_argument("--out", default="out/attention", help="output folder (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | mps (default: %(default)s)")
+    p.add_argument("--quantize", default="none", metavar="{none,int8}",  # checked by model.quantize after parsing
+                   help="int8: int8 weights for every Linear, as in scripts.sample (default: %(default)s)")
     return p
 
 
@@ -66,10 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ckpt or args.prompt is None:
         parser.error("--ckpt and --prompt are required (or --run DIR --over-training)")
     from model.checkpoint import load_checkpoint  # after parsing, so -h answers without importing torch
+    import torch
     from scripts.inference_args import pick_device
     from inspector.report import inspect_attention
+    from model.quantize import check_quantize, quantize_model
 
-    ck = load_checkpoint(args.ckpt, device=pick_device(args.device))
+    device = pick_device(args.device)
+    check_quantize(args.quantize, device, torch.float32)  # checkpoints load in fp32; refuse before reading one
+    ck = load_checkpoint(args.ckpt, device=device)
+    quantize_model(ck.model, args.quantize)
     result = inspect_attention(ck.model, ck.tokenizer, args.prompt, args.out, generate=args.generate,
                                layers=args.layers, heads=args.heads, max_tokens=args.max_tokens,
                                temperature=args.temperature, seed=args.seed, title=f"attention \u00b7 {ck.path}")

@@ -2,6 +2,7 @@
 
   python -m scripts.evaluate --ckpt checkpoints/shakespeare_char
   python -m scripts.evaluate --ckpt runs/a --ckpt runs/b --text-file notes.txt --json
+  python -m scripts.evaluate --ckpt checkpoints/shakespeare_char --quantize int8   # as loaded and int8, side by side
 
 The split (or file) is cut into consecutive windows of block_size + 1 tokens that overlap by one, so every token
 but the first is predicted exactly once, from the tokens before it in its window. Bits per byte divides the total
@@ -22,7 +23,8 @@ from tqdm import tqdm
 
 from model.checkpoint import Checkpoint
 from scripts.cli import run_main
-from scripts.inference_args import HelpFormatter, add_model_options, load_model
+from model.quantize import check_quantize, quantize_model
+from scripts.inference_args import HelpFormatter, add_model_options, load_model, pick_device, pick_dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +95,13 @@ def _add(model, windows: torch.Tensor, total: float, count: int) -> tuple[float,
     return total + loss.item() * n, count + n
 
 
+def scores(loss: float, n_tokens: int, n_bytes: int) -> dict:
+    bpb = loss * n_tokens / max(n_bytes, 1) / math.log(2)
+    return {"loss": round(loss, 6), "perplexity": round(math.exp(min(loss, 700.0)), 4), "bits_per_byte": round(bpb, 6)}
+
+
 def evaluate_one(spec: str, args: argparse.Namespace) -> dict:
+    """The checkpoint's scores; with --quantize, those of the quantized model too, on the same tokens."""
     ckpt = load_model(spec, args.device, args.dtype)
     if args.text_file:
         tokens, n_tokens, n_bytes, source = file_tokens(ckpt, args.text_file)
@@ -103,23 +111,38 @@ def evaluate_one(spec: str, args: argparse.Namespace) -> dict:
         tokens = tokens[:args.max_tokens]
     if ckpt.model.config.vocab_size < ckpt.tokenizer.vocab_size:
         raise ValueError(f"{ckpt.path}: the model has {ckpt.model.config.vocab_size} ids, its tokenizer more")
+    params = ckpt.model.num_params()
     loss, scored = mean_loss(ckpt.model, tokens, args.batch_size)
-    bpb = loss * n_tokens / max(n_bytes, 1) / math.log(2)
-    return {"checkpoint": str(ckpt.path), "data": source, "tokens": scored, "loss": round(loss, 6),
-            "perplexity": round(math.exp(min(loss, 700.0)), 4), "bits_per_byte": round(bpb, 6),
-            "params": ckpt.model.num_params()}
+    result = {"checkpoint": str(ckpt.path), "data": source, "tokens": scored, **scores(loss, n_tokens, n_bytes),
+              "params": params}
+    if args.quantize != "none":
+        q_loss, _ = mean_loss(quantize_model(ckpt.model, args.quantize), tokens, args.batch_size)
+        result["quantize"] = args.quantize
+        result["dtype"] = str(ckpt.model.wte.weight.dtype).removeprefix("torch.")
+        result.update({f"{args.quantize}_{k}": v for k, v in scores(q_loss, n_tokens, n_bytes).items()})
+        result[f"{args.quantize}_loss_change"] = round(q_loss / loss - 1.0, 6)
+    return result
 
 
 def print_table(results: list[dict]) -> None:
+    q = results[0].get("quantize")
     if len(results) == 1:
         r = results[0]
-        for key in ("checkpoint", "data", "tokens", "loss", "perplexity", "bits_per_byte"):
-            value = f"{r[key]:,}" if key == "tokens" else r[key]
-            print(f"{key.replace('_', ' '):<16}{value}")
+        for key in ("checkpoint", "data", "tokens"):
+            print(f"{key:<16}{r[key]:,}" if key == "tokens" else f"{key:<16}{r[key]}")
+        if q:
+            print(f"{'':<16}{r['dtype']:<12}{q}")
+        for key in ("loss", "perplexity", "bits_per_byte"):
+            line = f"{key.replace('_', ' '):<16}{r[key]}"
+            if q:
+                line = f"{line:<28}{r[f'{q}_{key}']}" + (f"  ({r[f'{q}_loss_change']:+.2%})" if key == "loss" else "")
+            print(line)
         return
     rows = [[r["checkpoint"], f"{r['params'] / 1e6:.2f}M", f"{r['tokens']:,}", f"{r['loss']:.4f}",
-             f"{r['perplexity']:.3f}", f"{r['bits_per_byte']:.4f}"] for r in results]
+             f"{r['perplexity']:.3f}", f"{r['bits_per_byte']:.4f}"]
+            + ([f"{r[f'{q}_loss']:.4f}", f"{r[f'{q}_loss_change']:+.2%}"] if q else []) for r in results]
     header = ["checkpoint", "params", "tokens", "loss", "perplexity", "bits/byte"]
+    header += [f"{q} loss", "change"] if q else []
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
@@ -131,6 +154,8 @@ def main() -> int:
         raise ValueError(f"--max-tokens: {args.max_tokens} must be >= 0")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: {args.batch_size} must be >= 1")
+    device = pick_device(args.device)
+    check_quantize(args.quantize, device, pick_dtype(args.dtype, device))  # before any checkpoint is read
     results = [evaluate_one(spec, args) for spec in args.ckpt]
     if args.json:
         json.dump(results, sys.stdout, indent=2)
