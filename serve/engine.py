@@ -121,12 +121,12 @@ class Engine:
         with self._cv:
             return {"running": len(self.rows), "waiting": len(self._waiting), "max_batch": self.max_batch}
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, wait: bool = True, timeout: float = 10.0) -> None:
         """Stop after the current step: every unfinished request gets a last event with finish_reason "abort"."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
-        if threading.current_thread() is not self._thread:
+        if wait and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     # --- the engine thread ---
