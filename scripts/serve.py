@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
 import sys
 from pathlib import Path
 
@@ -74,8 +75,13 @@ def main() -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {name} on http://{shown}:{port}/ (max batch {args.max_batch})", file=sys.stderr, flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # uvicorn handles these while it runs, then re-raises the one it caught to these handlers: a no-op, so the
+        # stop stays a clean exit 0 instead of a KeyboardInterrupt or a death by SIGTERM
+        signal.signal(sig, lambda *_: None)
     Server(app, engine).run(sockets=[sock])
     engine.shutdown()
+    print("stopped", file=sys.stderr, flush=True)
     return 0
 
 
