@@ -3,8 +3,9 @@
   python -m scripts.bench_serve                          # GPT-2 124M shape, random init, 8 clients, 128 new tokens
   python -m scripts.bench_serve --rounds 3 --threads 2
 
-The real server (engine + FastAPI + uvicorn) runs in this process on 127.0.0.1; clients stream completions over
-HTTP (server-sent events) from threads. Every request asks for --new-tokens tokens, greedy, with end-of-text
+The real server (engine + FastAPI + uvicorn) runs in this process on 127.0.0.1; the clients stream completions
+over HTTP (server-sent events) from threads of a second process, so they do not compete with the server for its
+interpreter lock. Every request asks for --new-tokens tokens, greedy, with end-of-text
 ignored by the random model only by chance (each request's count is checked). Per request: time to first token
 (TTFT, from sending to the first streamed token) and its own tokens/s (tokens / its duration). Per arm: aggregate
 tokens/s (all new tokens / the arm's wall time). Rounds alternate the arms, so a slow spell of this shared machine
@@ -13,10 +14,13 @@ hits them all alike; percentiles pool every request of every round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import statistics
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import httpx
 import torch
@@ -24,6 +28,7 @@ import torch
 from data.tokenizers import gpt2_tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
+from model.kv_cache import RowKVCache
 from scripts.bench_decode import gpt2_small
 from scripts.cli import run_main
 from scripts.inference_args import HelpFormatter
@@ -48,13 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def one_request(url: str, prompt: str, n: int) -> dict:
+def one_request(http: httpx.Client, url: str, prompt: str, n: int) -> dict:
     """Stream one completion; returns ttft, seconds, tokens."""
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first, tokens = None, 0
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+    with http.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: {"):
@@ -69,23 +74,54 @@ def one_request(url: str, prompt: str, n: int) -> dict:
 
 
 def run_arm(url: str, prompt: str, n: int, clients: int, concurrent: bool) -> tuple[float, list[dict]]:
-    """(wall seconds, per-request results) of `clients` requests, all at once or one after another."""
+    """(wall seconds, per-request results) of `clients` requests, all at once or one after another. The HTTP
+    clients and their connections exist before the clock starts (an httpx.Client takes tens of ms to build)."""
+    https = [httpx.Client(timeout=600) for _ in range(clients)]
+    for http in https:
+        http.get(url + "/health").raise_for_status()  # open the keep-alive connection
     results: list[dict] = []
-    t0 = time.perf_counter()
-    if concurrent:
-        threads = [threading.Thread(target=lambda: results.append(one_request(url, prompt, n)))
-                   for _ in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    else:
-        for _ in range(clients):
-            results.append(one_request(url, prompt, n))
-    wall = time.perf_counter() - t0
+    start = threading.Barrier(clients + 1)
+
+    def client(http: httpx.Client) -> None:
+        start.wait()
+        results.append(one_request(http, url, prompt, n))
+
+    try:
+        if concurrent:
+            threads = [threading.Thread(target=client, args=(http,)) for http in https]
+            for t in threads:
+                t.start()
+            start.wait()
+            t0 = time.perf_counter()
+            for t in threads:
+                t.join()
+        else:
+            t0 = time.perf_counter()
+            for http in https:
+                results.append(one_request(http, url, prompt, n))
+        wall = time.perf_counter() - t0
+    finally:
+        for http in https:
+            http.close()
     if len(results) != clients:
         raise RuntimeError(f"{clients - len(results)} request(s) failed")
     return wall, results
+
+
+@torch.inference_mode()
+def step_ms(model: GPT, rows: int, context: int, reps: int = 5) -> float:
+    """Median ms of one batched decode forward of the bare model (no engine, no HTTP) for `rows` rows of
+    `context` cached tokens: what the engine's step can at best cost."""
+    cache = RowKVCache(model.config, rows, max_len=context + reps + 1)
+    cache.live = rows
+    cache.lengths[:] = context
+    tokens = torch.zeros(rows, 1, dtype=torch.long)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        model(tokens, cache=cache)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -107,22 +143,26 @@ def main() -> int:
     ids = (tok.encode(PROMPT) * (1 + args.prompt_tokens // 8))[:args.prompt_tokens]
     prompt = tok.decode(ids)
     engine = Engine(model, tok, max_batch=args.max_batch)
+    mid = len(ids) + args.new_tokens // 2  # a typical context length during the run
     server, thread, url = serve_in_thread(create_app(engine, "bench", max_tokens=args.new_tokens), engine)
-    try:
-        one_request(url, prompt, 4)  # warm-up: one-off allocations, the first HTTP connection
+    with contextlib.ExitStack() as stack:  # on the way out: stop the server, then the engine
+        stack.callback(engine.shutdown)
+        stack.callback(thread.join, 30)
+        stack.callback(server.stop)
+        clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        stack.callback(clients.shutdown)
+        clients.submit(run_arm, url, prompt, 4, 1, True).result()  # warm-up: one-off allocations, imports
         arms = [("1 client", 1, True), (f"{args.clients} clients at once", args.clients, True),
                 (f"{args.clients} one after another", args.clients, False)]
         walls = {name: [] for name, _, _ in arms}
         reqs = {name: [] for name, _, _ in arms}
+        ceilings = []
         for _ in range(args.rounds):
-            for name, clients, concurrent in arms:
-                wall, results = run_arm(url, prompt, args.new_tokens, clients, concurrent)
+            ceilings.append((step_ms(model, 1, mid), step_ms(model, args.clients, mid)))
+            for name, n, concurrent in arms:
+                wall, results = clients.submit(run_arm, url, prompt, args.new_tokens, n, concurrent).result()
                 walls[name].append(wall)
                 reqs[name].extend(results)
-    finally:
-        server.stop()
-        thread.join(timeout=30)
-        engine.shutdown()
     shape = "2-layer 64-wide (--tiny)" if args.tiny else "GPT-2 124M shape"
     print(f"{shape}, random init, fp32, {len(ids)}-token prompt, {args.new_tokens} new tokens per request, greedy, "
           f"max batch {args.max_batch}, {torch.get_num_threads()} CPU threads, {args.rounds} round(s), "
@@ -142,6 +182,9 @@ def main() -> int:
               f"{percentile(rate, 50):>15.1f}{percentile(rate, 5):>15.1f}  {'yes' if ok else 'NO'}", flush=True)
     one, many = summary["1 client"], summary[f"{args.clients} clients at once"]
     print(f"aggregate tokens/s, {args.clients} at once / 1 client: {many['agg'] / one['agg']:.2f}x (target >= 5x)")
+    one_ms, many_ms = (statistics.median(c[i] for c in ceilings) for i in (0, 1))
+    print(f"bare model, one decode forward at {mid} cached tokens: batch 1 {one_ms:.1f} ms, batch {args.clients} "
+          f"{many_ms:.1f} ms: batching can give at most {args.clients * one_ms / many_ms:.2f}x here")
     print(f"p95 TTFT, {args.clients} at once / 1 client: {many['ttft_p95'] / one['ttft_p95']:.2f}x (target <= 2x)")
     return 0
 

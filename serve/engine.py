@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -73,12 +74,13 @@ class _Row:
 
 
 class Engine:
-    def __init__(self, model: GPT, tokenizer, max_batch: int = 8, window_shift: int = 0):
+    def __init__(self, model: GPT, tokenizer, max_batch: int = 8, window_shift: int = 0, gather_s: float = 0.003):
         if max_batch < 1:
             raise ValueError(f"--max-batch: {max_batch} must be >= 1")
         self.model = unwrap(model).eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.gather_s = gather_s
         config = self.model.config
         self.block_size = config.block_size
         self.shift = window_shift or max(1, self.block_size // 4)  # the same policy as model.inference's window
@@ -138,6 +140,7 @@ class Engine:
                     self._cv.wait()
                 if self._stopping:
                     break
+                self._gather()
                 jobs, self._jobs = self._jobs, []
                 free = self.max_batch - len(self.rows)
                 admit, self._waiting = self._waiting[:free], self._waiting[free:]
@@ -155,6 +158,21 @@ class Engine:
                 traceback.print_exc(file=sys.stderr)
                 self._end_rows(admit)
         self._abort_all()
+
+    def _gather(self) -> None:
+        """On an idle engine, wait while requests keep arriving (each within `gather_s` of the last, up to 10x
+        that in all) so that clients who come together are prefilled together: one batched prefill costs about
+        as much as a single one, where admitting the first alone would make the rest wait for it.
+        Called with the lock held."""
+        if self.rows or not self._waiting or self.gather_s <= 0:
+            return
+        deadline = time.monotonic() + 10 * self.gather_s
+        seen = len(self._waiting)
+        while seen < self.max_batch and not self._stopping and time.monotonic() < deadline:
+            self._cv.wait(self.gather_s)
+            if len(self._waiting) == seen:
+                return  # quiet for gather_s: nobody else is coming
+            seen = len(self._waiting)
 
     def _run_job(self, fn, future) -> None:
         if not future.set_running_or_notify_cancel():
