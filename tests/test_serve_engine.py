@@ -139,3 +139,17 @@ def test_logprobs_are_the_model_distribution():
         assert event.logprob == pytest.approx(float(logp[ids[0]]), abs=1e-4)
     finally:
         engine.shutdown()
+
+
+def test_requests_that_join_and_leave_mid_run_change_nobody_s_tokens(engine):
+    """Continuous batching: rows join while others are halfway and leave at different times."""
+    first = Collector()
+    engine.submit(Request(PROMPTS[0], 60, first.q.put, GREEDY))
+    early = [first.q.get(timeout=30) for _ in range(10)]  # the first request is 10 tokens in
+    late = [Collector() for _ in PROMPTS[1:]]
+    for c, prompt, n in zip(late, PROMPTS[1:], range(5, 40, 5)):
+        engine.submit(Request(prompt, n, c.q.put, GREEDY))
+    got = [e.token_id for e in early + first.events()]
+    assert got == generate(engine.model, PROMPTS[0], 60, GREEDY)[0, len(PROMPTS[0]):].tolist()
+    for c, prompt, n in zip(late, PROMPTS[1:], range(5, 40, 5)):
+        assert tokens(c) == generate(engine.model, prompt, n, GREEDY)[0, len(prompt):].tolist()
