@@ -37,8 +37,8 @@ async def read_json(request: HTTPRequest) -> object:
 class Choice:
     """One engine request seen from the HTTP side: its events arrive on the event loop's queue."""
 
-    def __init__(self, index: int, prompt_ids: list[int], tokenizer, logprobs: bool):
-        self.index, self.prompt_ids = index, prompt_ids
+    def __init__(self, index: int, tokenizer, logprobs: bool):
+        self.index = index
         self.text, self.tokens, self.finish_reason = "", 0, None
         self.logprobs = Logprobs(tokenizer) if logprobs else None
 
@@ -99,8 +99,11 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                                                 and 0 <= i < engine.vocab for i in ids):
             raise BadRequest("token_ids", f"token_ids: expected a list of token ids in [0, {engine.vocab})")
         context = encode_prompt(tokenizer, body["prompt"], limits) + ids
-        future = engine.call(lambda: attention_of(engine.model, tokenizer, context[-engine.block_size:]))
-        return JSONResponse(await asyncio.wrap_future(future))
+        try:
+            future = engine.call(lambda: attention_of(engine.model, tokenizer, context[-engine.block_size:]))
+            return JSONResponse(await asyncio.wrap_future(future))
+        except RuntimeError as e:  # shutting down
+            raise BadRequest(None, str(e), status=503) from None
 
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: HTTPRequest):
@@ -108,9 +111,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         prompt_ids = [encode_prompt(tokenizer, text, limits) for text in params.prompts]
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         choices, reqs = [], []
-        for p, ids in enumerate(prompt_ids):
+        for ids in prompt_ids:
             for j in range(params.n):
-                choice = Choice(len(choices), ids, tokenizer, params.logprobs is not None)
+                choice = Choice(len(choices), tokenizer, params.logprobs is not None)
                 seed = None if params.seed is None else params.seed + j  # n choices of one seed differ
                 reqs.append(Request(ids, params.max_tokens, _emitter(loop, queue, choice), params.settings, seed,
                                     params.stop, params.logprobs))

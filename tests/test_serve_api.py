@@ -233,3 +233,18 @@ def test_load_32_requests_from_16_clients(server):
     assert time.monotonic() - start < 240
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and health["running"] == 0 and health["waiting"] == 0
+
+
+def test_attention_endpoint(server):
+    url = server[0] + "/api/attention"
+    r = httpx.post(url, json={"prompt": PROMPT, "token_ids": TOK.encode("Bef")}, timeout=60)
+    a = r.json()
+    assert r.status_code == 200 and a["tokens"] == list(PROMPT + "Bef")
+    assert (a["n_layer"], a["n_head"]) == (2, 4) and len(a["weights"][1][3]) == len(PROMPT) + 3
+    assert all(abs(sum(head) - 1) < 1e-2 for layer in a["weights"] for head in layer)
+    assert [(h["layer"], h["head"]) for h in a["heads"]] == [(i, j) for i in range(2) for j in range(4)]
+    assert all(h["label"] for h in a["heads"])
+    for body, param in [({"prompt": PROMPT, "token_ids": [999]}, "token_ids"), ({"token_ids": []}, "prompt"),
+                        ({"prompt": "\u4e2d"}, "prompt")]:
+        r = httpx.post(url, json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
