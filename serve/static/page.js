@@ -108,26 +108,29 @@ async function generate(ev) {
   }
 }
 
+function altRow(label, p, chosen) {
+  const tr = document.createElement("tr");
+  if (chosen) tr.className = "chosen";
+  const code = document.createElement("code");
+  code.className = "t";
+  code.textContent = label;
+  cell(tr, "").appendChild(code);
+  cell(tr, (100 * p).toFixed(1) + "%", "p");
+  const bar = document.createElement("div");
+  bar.className = "barfill";
+  bar.style.width = (100 * p).toFixed(1) + "%";
+  cell(tr, "", "bar").appendChild(bar);
+  return tr;
+}
+
 function showAlternatives(i) {
-  const t = state.tokens[i];
+  const t = state.tokens[i], top = t.top || {};
   const tbody = $("alts").tBodies[0];
   tbody.textContent = "";
   $("sel").textContent = "#" + i + " " + shown(t.text) + "  (p = " + Math.exp(t.logprob).toFixed(3) + ")";
-  for (const [text, lp] of Object.entries(t.top || {})) {
-    const tr = document.createElement("tr");
-    if (text === t.text) tr.className = "chosen";
-    const code = document.createElement("code");
-    code.className = "t";
-    code.textContent = shown(text);
-    cell(tr, "").appendChild(code);
-    const p = Math.exp(lp);
-    cell(tr, (100 * p).toFixed(1) + "%", "p");
-    const bar = document.createElement("div");
-    bar.className = "barfill";
-    bar.style.width = (100 * p).toFixed(1) + "%";
-    cell(tr, "", "bar").appendChild(bar);
-    tbody.appendChild(tr);
-  }
+  for (const [text, lp] of Object.entries(top)) tbody.appendChild(altRow(shown(text), Math.exp(lp), text === t.text));
+  // a token sampled from outside the top 5 is shown below them
+  if (!(t.text in top)) tbody.appendChild(altRow(shown(t.text) + " (chosen)", Math.exp(t.logprob), true));
 }
 
 async function select(i) {
