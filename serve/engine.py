@@ -3,8 +3,9 @@
 Each step the scheduler
 1. runs queued side jobs (an attention capture for the page), so nothing else touches the model meanwhile;
 2. drops rows whose client went away;
-3. admits waiting requests into free rows (an idle engine first waits a few ms while more keep arriving): their prompts are prefilled together (right-padded, causal, so padding
-   never reaches a real token), copied into the shared RowKVCache, and their first token is sampled;
+3. admits waiting requests into free rows (an idle engine first waits a few ms while more keep arriving): their
+   prompts are prefilled together (right-padded, causal, so padding never reaches a real token), copied into the
+   shared RowKVCache, and their first token is sampled;
 4. feeds every live row's last token through ONE batched forward (each row at its own position, masked to its own
    length), samples each row with its own settings and private generator, and retires finished rows.
 

@@ -133,7 +133,8 @@ def test_logprobs_are_the_model_distribution():
     try:
         c = submit_all(engine, [dict(prompt_ids=PROMPTS[4], max_new_tokens=1, settings=GREEDY, top_logprobs=5)])[0]
         (event,) = c.events()
-        logp = torch.log_softmax(model(torch.tensor([PROMPTS[4]]))[0][0, -1].float(), -1)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([PROMPTS[4]]))[0][0, -1].float(), -1)
         ids = logp.topk(5).indices.tolist()
         assert [i for i, _ in event.top] == ids and event.token_id == ids[0]
         assert event.logprob == pytest.approx(float(logp[ids[0]]), abs=1e-4)
