@@ -107,15 +107,17 @@ class CausalSelfAttention(nn.Module):
             q, k = rms_norm(q), rms_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        row_mask = None
         if cache is not None:
             k, v = cache.update(layer, k, v)
+            row_mask = getattr(cache, "attn_mask", None)  # rows of different lengths: [B, 1, T, t_k]
         t_k = k.size(2)
         explicit = self.config.attention != "sdpa" or self.hook_pattern.active
         if explicit and self.n_kv_head != self.n_head:  # the fused kernel shares K/V heads itself
             rep = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if explicit:
-            mask = causal_mask(T, t_k, x.device)
+            mask = causal_mask(T, t_k, x.device) if row_mask is None else row_mask
             if self.config.attention == "additive":
                 y, attn = additive_attention(q, k, v, self.add_wq, self.add_wk, self.add_v, mask)
             else:
@@ -124,7 +126,7 @@ class CausalSelfAttention(nn.Module):
             if hooked is not attn or (self.training and self.config.dropout > 0):
                 y = self.attn_dropout(hooked) @ v
         else:
-            mask = None if t_k == T or T == 1 else causal_mask(T, t_k, x.device)
+            mask = row_mask if row_mask is not None else None if t_k == T or T == 1 else causal_mask(T, t_k, x.device)
             y = fused_attention(q, k, v, causal=T > 1, mask=mask, scaled=self.config.scaled,
                                 dropout_p=self.config.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)

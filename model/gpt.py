@@ -65,17 +65,22 @@ class GPT(nn.Module):
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens exceeds block_size {self.config.block_size}")
+        rows = isinstance(start, torch.Tensor)  # one start per row (kv_cache.RowKVCache): positions [B, T]
+        end = int(start.max()) + T if rows else start + T
+        if end > self.config.block_size:
+            raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
+        pos = start.view(-1, 1) + torch.arange(T, device=idx.device) if rows else slice(start, start + T)
         x = self.wte(idx)
         rope = None
         if self.config.positions == "learned":
-            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+            x = x + (self.wpe(pos) if rows else self.wpe(torch.arange(start, start + T, device=idx.device)))
         elif self.config.positions == "sinusoidal":
             # as in the original paper: embeddings scaled by sqrt(d_model) so the fixed table does not drown them
-            x = x * math.sqrt(self.config.n_embd) + self.pos_table[start:start + T]
+            x = x * math.sqrt(self.config.n_embd) + self.pos_table[pos]
         else:
-            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+            rope = (self.rope_cos[pos], self.rope_sin[pos])
+            if rows:  # [B, T, d/2] -> [B, 1, T, d/2], broadcast over heads
+                rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x, rope=rope, cache=cache, layer=i)
