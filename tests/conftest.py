@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,21 @@ def tiny_config(tmp_path, corpus_file):
     cfg.log.attention = False
     cfg.log.sample_tokens = 0
     return cfg
+
+
+# Debian's Chromium, driven by Playwright (never `playwright install`); these flags keep it off the network.
+CHROMIUM = os.environ.get("ATTNGPT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per test module (browser tests: .ci/browser_setup.sh installs it)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()

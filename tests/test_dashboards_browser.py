@@ -16,21 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.test_film import fake_run
-from tests.test_inspector_browser import ARGS, CHROMIUM
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 SHOTS = os.environ.get("ATTNGPT_SCREENSHOTS")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def guarded_page(browser, allowed: str):

@@ -3,8 +3,6 @@
 Needs the Debian package `chromium` and Playwright's Python package (`.ci/browser_setup.sh` installs both);
 skips only when one of them is missing. Set ATTNGPT_CHROMIUM to use another Chromium binary.
 """
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -15,21 +13,7 @@ from inspector.viewer import render_viewer
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("ATTNGPT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 HOSTILE = "</script><img src=x onerror=alert(1)>"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture()

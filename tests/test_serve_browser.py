@@ -5,8 +5,6 @@ Needs Debian's `chromium` and Playwright's Python package (`.ci/browser_setup.sh
 """
 from __future__ import annotations
 
-import os
-import shutil
 from urllib.parse import urlparse
 
 import pytest
@@ -15,20 +13,6 @@ from tests.serve_fixtures import live_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("ATTNGPT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def test_generate_stream_and_inspect_a_token(browser, tmp_path):
