@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from inspector.stats import THRESHOLDS
-from inspector.viewer import SCALE, _colormap_hex, _csp_hash, _json_for_script, asset, quantize_lower
+from inspector.viewer import SCALE, _colormap_hex, _json_for_script, asset, quantize_lower, self_contained_page
 
 FRAME_FILE = "frame.npz"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -120,25 +120,10 @@ def render_film(frames: list[Frame], title: str = "attention over training", sub
     data = {"layers": layers, "heads": heads, "scale": SCALE, "scores": SCORES,
             "thresholds": {key: value for key, value in THRESHOLDS.values()},
             "frames": [_frame_data(f) for f in frames], "colormap": _colormap_hex()}
-    css, js = asset("film.css"), asset("film.js")
-    csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:; "
-           "base-uri 'none'; form-action 'none'")
     score_panels = "\n".join(f'<figure><canvas class="score" data-key="{k}"></canvas><figcaption>{html.escape(v)}'
                              "</figcaption></figure>" for k, v in SCORES.items())
     options = "\n".join(f'<option value="{k}">{html.escape(v)}</option>' for k, v in SCORES.items())
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
-<style>{css}</style>
-</head>
-<body>
-<h1>{html.escape(title)}</h1>
-<p class="sub">{html.escape(subtitle)}</p>
-<div class="controls">
+    body = f"""<div class="controls">
 <button id="play" type="button">play</button>
 <input id="step" type="range" min="0" max="{len(frames) - 1}" value="{len(frames) - 1}" step="1"
  aria-label="evaluation step">
@@ -166,10 +151,8 @@ def render_film(frames: list[Frame], title: str = "attention over training", sub
 <p class="note">Scores as in the viewer: induction on a random block repeated twice, the others on the probe text;
 the dashed line is the label threshold. Weights are stored as uint8 (within 1/510).</p>
 <script type="application/json" id="film-data">{_json_for_script(data)}</script>
-<script>{js}</script>
-</body>
-</html>
 """
+    return self_contained_page(title, subtitle, asset("film.css"), asset("film.js"), body)
 
 
 def write_film(run: str | Path, out_dir: str | Path) -> dict:

@@ -92,22 +92,7 @@ def render_viewer(weights: np.ndarray, tokens: list[str], layers: list[int], hea
         "descriptions": DESCRIPTIONS, "colormap": _colormap_hex(),
     }
     rules = "; ".join(f"{name}: {key} \u2265 {value:g}" for name, (key, value) in THRESHOLDS.items())
-    css, js = asset("viewer.css"), asset("viewer.js")
-    csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:; "
-           "base-uri 'none'; form-action 'none'")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
-<style>{css}</style>
-</head>
-<body>
-<h1>{html.escape(title)}</h1>
-<p class="sub">{html.escape(subtitle)}</p>
-<div class="controls">
+    body = f"""<div class="controls">
 <label>Layer <select id="layer"></select></label>
 <label>Head <select id="head"></select></label>
 <span id="status"></span>
@@ -131,7 +116,28 @@ def render_viewer(weights: np.ndarray, tokens: list[str], layers: list[int], hea
 repeated twice. Heuristic labels, first match wins: {html.escape(rules)}; otherwise mixed.</p>
 <div id="tip" hidden></div>
 <script type="application/json" id="attn-data">{_json_for_script(data)}</script>
-<script>{js}</script>
+"""
+    return self_contained_page(title, subtitle, asset("viewer.css"), asset("viewer.js"), body)
+
+
+def self_contained_page(title: str, subtitle: str, css: str, js: str, body: str) -> str:
+    """One HTML file with its style and script inline, allowed by their sha256 in a Content-Security-Policy that
+    forbids every network load; `body` goes between the subtitle and the script (data blocks included)."""
+    csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:; "
+           "base-uri 'none'; form-action 'none'")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{css}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="sub">{html.escape(subtitle)}</p>
+{body}<script>{js}</script>
 </body>
 </html>
 """
