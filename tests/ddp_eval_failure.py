@@ -1,7 +1,7 @@
 """Run under torchrun by test_train_gpu_paths.py: the training script, with rank 0's evaluation failing."""
 import os
 
-import train.loop
+import train.trainer
 from scripts.cli import run_main
 from scripts.train import main
 
@@ -11,5 +11,5 @@ def broken(*args, **kwargs):
 
 
 if os.environ.get("RANK") == "0":
-    train.loop.estimate_losses = broken
+    train.trainer.estimate_losses = broken
 run_main(main)

@@ -76,7 +76,7 @@ def test_exact_resume_matches_uninterrupted_run(tiny_config, tmp_path, dtype):
 
 
 def test_checkpoint_round_trip_is_bit_exact(tiny_config, tmp_path, monkeypatch):
-    import train.loop as loop
+    import train.trainer as loop
     from model.checkpoint import model_state
 
     held = {}

@@ -15,11 +15,12 @@ import torch
 
 from model.checkpoint import load_trainer_state
 from model.gpt import GPT
-from train import loop
+from train import trainer as loop
 from train.loop import train
+from train.state import rng_state, set_rng_state
 
 ROOT = Path(__file__).resolve().parents[1]
-LOOP_FILE = str(ROOT / "train" / "loop.py")
+LOOP_FILES = {str(ROOT / "train" / f) for f in ("loop.py", "trainer.py", "collectives.py", "state.py")}
 
 
 def test_rng_state_holds_and_restores_only_the_runs_own_gpu(monkeypatch):
@@ -34,17 +35,17 @@ def test_rng_state_holds_and_restores_only_the_runs_own_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append((state, device)))
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", everything)
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", everything)
-    state = loop._rng_state(torch.device("cuda", 1))
+    state = rng_state(torch.device("cuda", 1))
     assert torch.equal(state["cuda"], tags[1]) and torch.equal(state["cpu"], torch.get_rng_state())
-    loop._set_rng_state(state, torch.device("cuda", 0))
+    set_rng_state(state, torch.device("cuda", 0))
     assert len(restored) == 1 and torch.equal(restored[0][0], tags[1]) and restored[0][1] == torch.device("cuda", 0)
     old = {"cpu": torch.get_rng_state(), "cuda": [tags[0], tags[1]]}  # older checkpoints: one state per GPU
-    loop._set_rng_state(old, torch.device("cuda", 1))
+    set_rng_state(old, torch.device("cuda", 1))
     assert torch.equal(restored[-1][0], tags[1])
-    loop._set_rng_state(old, torch.device("cuda", 3))  # that GPU's state was never saved: the CPU's only
-    loop._set_rng_state(old, torch.device("cpu"))
+    set_rng_state(old, torch.device("cuda", 3))  # that GPU's state was never saved: the CPU's only
+    set_rng_state(old, torch.device("cpu"))
     assert len(restored) == 2
-    assert "cuda" not in loop._rng_state(torch.device("cpu"))
+    assert "cuda" not in rng_state(torch.device("cpu"))
 
 
 def test_the_trainer_builds_its_loader_on_its_device_and_prefetches(tiny_config, monkeypatch):
@@ -74,7 +75,7 @@ def test_a_step_reads_the_device_only_when_it_logs_evaluates_or_stops(tiny_confi
         original = getattr(torch.Tensor, name)
 
         def counted(self, *args, _original=original, _name=name):
-            if sys._getframe(1).f_code.co_filename == LOOP_FILE:
+            if sys._getframe(1).f_code.co_filename in LOOP_FILES:
                 reads.append(_name)
             return _original(self, *args)
 
