@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from train.parallel import ddp_options  # noqa: F401 - moved to train/parallel.py; train/loop.py still imports it here
+
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's data sheets, for MFU on CUDA, keyed by the exact name
 # torch.cuda.get_device_name reports. Exact, because a substring would read "NVIDIA H100 PCIe" (756 TFLOP/s) or
 # "NVIDIA H100 NVL" as the 989 TFLOP/s SXM part, and "NVIDIA L40" as an L4.
@@ -210,14 +212,6 @@ def teardown(rt: Runtime | None = None) -> None:
         torch.set_float32_matmul_precision(rt.saved_matmul_precision)
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def ddp_options(rt: Runtime) -> dict:
-    """DistributedDataParallel's arguments: this process's GPU, gradients kept as views into the all-reduce buckets
-    (no copy in and out of them each step, and no second gradient-sized buffer), and no broadcast of buffers before
-    every forward (the model's buffers are fixed tables, the same on every rank)."""
-    return {"device_ids": [rt.device.index] if rt.device.type == "cuda" else None,
-            "gradient_as_bucket_view": True, "broadcast_buffers": False}
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
