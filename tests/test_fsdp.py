@@ -45,8 +45,8 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert sa[name].keys() == sb[name].keys(), name
         for key in sa[name]:
             assert torch.equal(sa[name][key].float(), sb[name][key].float()), (name, key)
-    lists = [[{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in opt["optimizer"]["param_groups"]]
-             for opt in (a, b)]  # the broadcast from rank 0 hands betas over as a list
+    lists = [[{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
+              for g in opt["optimizer"]["param_groups"]] for opt in (a, b)]  # a broadcast hands tuples on as lists
     assert lists[0] == lists[1]
 
 
