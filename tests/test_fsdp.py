@@ -130,3 +130,18 @@ def test_a_rank_dying_mid_save_leaves_the_previous_checkpoint(fsdp_run, tmp_path
     assert sorted(p.relative_to(run / "latest") for p in (run / "latest").rglob("*")) == before
     assert all(filecmp.cmp(fsdp_run["dir"] / p, run / "latest" / p, shallow=False)
                for p in before if (run / "latest" / p).is_file())  # and the resume tests above load it
+
+
+def test_the_memory_benchmark_shows_fsdp_holding_half_per_rank(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "scripts.bench_fsdp_memory", "--tiny", "--json", str(out)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| fsdp + checkpointing |" in proc.stdout
+    ranks = json.loads(out.read_text())
+    held = {row["arm"]: [r[i]["held"] for r in ranks] for i, row in enumerate(ranks[0])}
+    assert held["ddp"][0] == held["ddp"][1] > 0
+    assert sum(held["fsdp"]) == held["ddp"][0]  # the two ranks' shards are the whole, each about half
+    assert all(0.4 < h / held["ddp"][0] < 0.6 for h in held["fsdp"])
+    assert all(r[i]["peak"] == r[i]["held"] + r[i]["step_peak"] > r[i]["held"] for r in ranks for i in range(4))
