@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from train.parallel import ddp_options  # noqa: F401 - moved to train/parallel.py; train/loop.py still imports it here
-
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA's data sheets, for MFU on CUDA, keyed by the exact name
 # torch.cuda.get_device_name reports. Exact, because a substring would read "NVIDIA H100 PCIe" (756 TFLOP/s) or
 # "NVIDIA H100 NVL" as the 989 TFLOP/s SXM part, and "NVIDIA L40" as an L4.
@@ -247,3 +245,12 @@ def measure_matmul_flops(device: torch.device, n: int = 1024, reps: int = 4,
         a @ b
     sync()
     return 2 * n ** 3 * reps / (time.perf_counter() - start)
+
+
+def __getattr__(name: str):
+    """`ddp_options` moved to train/parallel.py; train/loop.py imports it from here until it imports it there.
+    Lazily, so the scripts that only pick a device do not import torch.distributed.fsdp."""
+    if name == "ddp_options":
+        from train.parallel import ddp_options
+        return ddp_options
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
