@@ -45,9 +45,13 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """State dict without the tied head (safetensors stores each tensor once) and without wrapper prefixes."""
     model = unwrap(model)
-    state = model.state_dict()
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight", None)
+    return weights_to_store(model.state_dict(), model.config.tie_embeddings)
+
+
+def weights_to_store(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
+    """What model.safetensors holds of a full state dict: each tensor once (no tied head), contiguous, on the CPU."""
+    if tied:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
 
@@ -55,23 +59,36 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
                     trainer_state: dict[str, Any] | None = None) -> Path:
     """Write a complete checkpoint to `directory`, replacing any previous one only once the new one is whole."""
     final = Path(directory)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
+    tmp = staging_dir(final)
     try:
-        save_file(model_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **run_config}, indent=2))
-        tokenizer.save(tmp)
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER_STATE)
-        _swap_in(tmp, final)
+        write_checkpoint_files(tmp, model_state(model), tokenizer, run_config, trainer_state)
+        swap_in(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 
 
-def _swap_in(tmp: Path, final: Path) -> None:
+def staging_dir(final: Path) -> Path:
+    """A fresh hidden twin of checkpoint directory `final` to write into; `swap_in` makes it `final`. A kill before
+    that leaves `final` as it was (train/rundir.py clears such leftovers, `.NAME.tmp-*`, with the run)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    return tmp
+
+
+def write_checkpoint_files(tmp: Path, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, run_config: dict,
+                           trainer_state: dict[str, Any] | None) -> None:
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    (tmp / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **run_config}, indent=2))
+    tokenizer.save(tmp)
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+
+
+def swap_in(tmp: Path, final: Path) -> None:
+    """Replace `final` by the complete directory `tmp` with renames; between them `.NAME.old` holds the previous."""
     old = final.with_name(f".{final.name}.old")
     if old.exists() and not final.exists():
         os.replace(old, final)  # an earlier swap was cut between its renames: restore before replacing

@@ -5,6 +5,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from model.attention import rope_tables
 from model.config import ModelConfig
@@ -34,7 +35,15 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
+        self.activation_checkpointing = False  # set_activation_checkpointing: recompute blocks in backward
         self.reset_parameters()
+
+    def set_activation_checkpointing(self, on: bool = True) -> "GPT":
+        """Keep only each block's input through the forward and recompute its insides during backward: activation
+        memory drops from every intermediate of every block to one [B, T, C] tensor per block, for about one more
+        forward of compute. The RNG state is saved and replayed, so dropout draws the same masks (same losses)."""
+        self.activation_checkpointing = on
+        return self
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02) everywhere, residual projections scaled by 1/sqrt(2 * n_layer) (or zero)."""
@@ -82,8 +91,12 @@ class GPT(nn.Module):
             if rows:  # [B, T, d/2] -> [B, 1, T, d/2], broadcast over heads
                 rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
         x = self.drop(x)
+        recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x = block(x, rope=rope, cache=cache, layer=i)
+            if recompute:
+                x = checkpoint(block, x, rope=rope, layer=i, use_reentrant=False)
+            else:
+                x = block(x, rope=rope, cache=cache, layer=i)
         if cache is not None:
             cache.advance(T)
         if logits_to_keep and targets is None:

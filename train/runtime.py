@@ -212,14 +212,6 @@ def teardown(rt: Runtime | None = None) -> None:
         dist.destroy_process_group()
 
 
-def ddp_options(rt: Runtime) -> dict:
-    """DistributedDataParallel's arguments: this process's GPU, gradients kept as views into the all-reduce buckets
-    (no copy in and out of them each step, and no second gradient-sized buffer), and no broadcast of buffers before
-    every forward (the model's buffers are fixed tables, the same on every rank)."""
-    return {"device_ids": [rt.device.index] if rt.device.type == "cuda" else None,
-            "gradient_as_bucket_view": True, "broadcast_buffers": False}
-
-
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
     """Peak FLOP/s assumed for MFU, and where the figure came from."""
     if device.type == "cuda":
@@ -253,3 +245,12 @@ def measure_matmul_flops(device: torch.device, n: int = 1024, reps: int = 4,
         a @ b
     sync()
     return 2 * n ** 3 * reps / (time.perf_counter() - start)
+
+
+def __getattr__(name: str):
+    """`ddp_options` moved to train/parallel.py; train/loop.py imports it from here until it imports it there.
+    Lazily, so the scripts that only pick a device do not import torch.distributed.fsdp."""
+    if name == "ddp_options":
+        from train.parallel import ddp_options
+        return ddp_options
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
