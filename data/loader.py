@@ -1,9 +1,10 @@
-"""Random (x, y) windows over memmapped token shards, deterministic from (seed, split, step, micro_step).
+"""Random (x, y) windows over memmapped token shards, deterministic from (seed, split, step).
 
-Each call draws the offsets of a *global* batch of batch_size * world_size windows from a generator seeded with
-(seed, split, step, micro_step); rank r takes windows r*batch_size ... (r+1)*batch_size - 1. So a batch is a pure
-function of (seed, split, step, micro_step, rank, world_size): a resumed run sees the batches it would have seen,
-ranks see different windows, and N ranks together see exactly what one process with N times the batch would see.
+Each step's *global* batch is batch_size * micro_steps * world_size windows, drawn from a generator seeded with
+(seed, split, step); micro-step m of rank r takes block m * world_size + r of batch_size windows. So a batch is a
+pure function of (seed, split, step, micro_step, rank, world_size, micro_steps), ranks see different windows, and a
+step holds the same windows however it is split between processes and micro-steps: 2 ranks x 1 micro-step see
+what 1 process x 2 micro-steps sees, which is what lets a run resume on another number of processes.
 The split is treated as one token stream; a window may run across a shard boundary.
 """
 from __future__ import annotations
@@ -22,17 +23,20 @@ _SPLIT_IDS = {name: i for i, name in enumerate(SPLITS)}
 class ShardLoader:
     """get_batch(step, micro_step) -> (x, y), int64 tensors [batch_size, block_size] on `device`; y is x shifted by one.
 
+    `micro_steps` is the number of micro-batches per step (train.grad_accum): part of the global batch's size.
+
     `device` may be a CUDA device: batches are then staged in pinned (page-locked) memory and copied without
     blocking, so the host goes on while the copy waits its turn behind the GPU's queued work. `batches()` fetches
     one batch ahead for the training loop.
     """
 
     def __init__(self, directory: str | Path, split: str, batch_size: int, block_size: int, seed: int,
-                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu"):
+                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu", micro_steps: int = 1):
         if split not in _SPLIT_IDS:
             raise ValueError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
-        if batch_size < 1 or block_size < 1:
-            raise ValueError(f"batch_size and block_size must be >= 1 (got {batch_size}, {block_size})")
+        if batch_size < 1 or block_size < 1 or micro_steps < 1:
+            raise ValueError(f"batch_size, block_size and micro_steps must be >= 1 (got {batch_size}, {block_size}, "
+                             f"{micro_steps})")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..world_size-1 (world_size {world_size})")
         if seed < 0:
@@ -40,7 +44,7 @@ class ShardLoader:
         self.directory = Path(directory)
         self.meta = read_meta(directory)
         self.split, self.batch_size, self.block_size, self.seed = split, batch_size, block_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.micro_steps = rank, world_size, micro_steps
         self.device = torch.device(device)
         self.shards = [self._open(name) for name in self.meta["shards"][split]]
         sizes = [len(s) for s in self.shards]
@@ -61,12 +65,14 @@ class ShardLoader:
 
     def offsets(self, step: int, micro_step: int = 0) -> np.ndarray:
         """The first token of each of this rank's windows."""
-        if step < 0 or micro_step < 0:
-            raise ValueError(f"step and micro_step must be >= 0 (got {step}, {micro_step})")
-        entropy = [self.seed, _SPLIT_IDS[self.split], step, micro_step]
+        if step < 0 or not 0 <= micro_step < self.micro_steps:
+            raise ValueError(f"step must be >= 0 and micro_step in 0..{self.micro_steps - 1} (got {step}, {micro_step})")
+        entropy = [self.seed, _SPLIT_IDS[self.split], step]
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
-        starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size * self.world_size)
-        return starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        size = self.batch_size * self.micro_steps * self.world_size
+        starts = rng.integers(0, self.n_tokens - self.block_size, size=size)
+        block = micro_step * self.world_size + self.rank
+        return starts[block * self.batch_size:(block + 1) * self.batch_size]
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length) of the split as int64, across shard boundaries if need be."""
@@ -89,15 +95,13 @@ class ShardLoader:
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
 
-    def batches(self, step: int, micro_steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of (step, 0), ..., (step, micro_steps - 1), (step + 1, 0), ... in that order, endlessly.
 
         Each is read (and on CUDA its copy issued) before the one before it is handed out, so the reading of the next
         batch overlaps the GPU's work on the current one. Batches stay a pure function of their (step, micro_step).
         """
-        if micro_steps < 1:  # checked here, at the call: a generator's own checks would wait for its first next()
-            raise ValueError(f"micro_steps: {micro_steps} must be >= 1")
-        return self._one_ahead(step, micro_steps, self.get_batch(step, 0))
+        return self._one_ahead(step, self.micro_steps, self.get_batch(step, 0))  # the first read now, at the call
 
     def _one_ahead(self, step: int, micro_steps: int, ahead: tuple) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         micro = 0

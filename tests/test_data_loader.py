@@ -51,31 +51,37 @@ def test_windows_are_real_slices_of_the_split_even_across_shards(folder, stream)
 
 
 def test_same_arguments_same_batch_in_a_fresh_loader(folder):
-    a = ShardLoader(folder, "train", B, T, seed=7)
-    b = ShardLoader(folder, "train", B, T, seed=7)
+    a = ShardLoader(folder, "train", B, T, seed=7, micro_steps=4)
+    b = ShardLoader(folder, "train", B, T, seed=7, micro_steps=4)
     b.get_batch(99)  # consuming other batches first changes nothing: no hidden state
     for step, micro in [(0, 0), (5, 0), (5, 1), (1234, 3)]:
         assert torch.equal(a.get_batch(step, micro)[0], b.get_batch(step, micro)[0])
 
 
 def test_step_micro_step_seed_and_split_change_the_batch(folder):
-    base = ShardLoader(folder, "train", B, T, seed=7).get_batch(5, 0)[0]
-    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=7).get_batch(6, 0)[0])
-    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=7).get_batch(5, 1)[0])
+    base = ShardLoader(folder, "train", B, T, seed=7, micro_steps=2).get_batch(5, 0)[0]
+    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=7, micro_steps=2).get_batch(6, 0)[0])
+    assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=7, micro_steps=2).get_batch(5, 1)[0])
     assert not torch.equal(base, ShardLoader(folder, "train", B, T, seed=8).get_batch(5, 0)[0])
     assert not torch.equal(base, ShardLoader(folder, "val", B, T, seed=7).get_batch(5, 0)[0])
 
 
 def test_ranks_get_different_windows_that_together_make_the_single_process_batch(folder):
-    world = 3
-    ranks = [ShardLoader(folder, "train", B, T, seed=11, rank=r, world_size=world) for r in range(world)]
-    single = ShardLoader(folder, "train", B * world, T, seed=11)
+    world, micro = 3, 2
+    ranks = [ShardLoader(folder, "train", B, T, seed=11, rank=r, world_size=world, micro_steps=micro)
+             for r in range(world)]
+    single = ShardLoader(folder, "train", B * world * micro, T, seed=11)
+    accumulating = ShardLoader(folder, "train", B, T, seed=11, micro_steps=world * micro)  # one process, more micro
     for step in (0, 17):
-        parts = [r.get_batch(step, 2) for r in ranks]
-        assert torch.equal(torch.cat([p[0] for p in parts]), single.get_batch(step, 2)[0])
+        parts = [ranks[r].get_batch(step, m) for m in range(micro) for r in range(world)]
+        whole = single.get_batch(step, 0)[0]
+        assert torch.equal(torch.cat([p[0] for p in parts]), whole)
+        assert torch.equal(torch.cat([accumulating.get_batch(step, m)[0] for m in range(world * micro)]), whole)
         assert not torch.equal(parts[0][0], parts[1][0])
-        starts = [tuple(r.offsets(step, 2).tolist()) for r in ranks]
+        starts = [tuple(r.offsets(step, 1).tolist()) for r in ranks]
         assert len(set(starts)) == world
+    with pytest.raises(ValueError, match="micro_step in 0..1"):
+        ranks[0].get_batch(0, 2)
 
 
 def test_device_argument(folder):
@@ -107,12 +113,12 @@ def test_cuda_batches_are_pinned_and_copied_without_blocking(folder, monkeypatch
 
 
 def test_batches_come_in_step_order_one_fetch_ahead(folder, monkeypatch):
-    loader = ShardLoader(folder, "train", B, T, seed=5)
+    loader = ShardLoader(folder, "train", B, T, seed=5, micro_steps=3)
     fetched: list = []
     original = loader.get_batch
     monkeypatch.setattr(loader, "get_batch",
                         lambda step, micro=0: fetched.append((step, micro)) or original(step, micro))
-    batches = loader.batches(7, 3)
+    batches = loader.batches(7)
     assert fetched == [(7, 0)]  # the first fetch happens at the call
     first = next(batches)
     assert fetched == [(7, 0), (7, 1)]  # the next batch is on its way before the first is used
@@ -121,8 +127,8 @@ def test_batches_come_in_step_order_one_fetch_ahead(folder, monkeypatch):
     for (x, y), (step, micro) in zip(got, order):
         ex, ey = original(step, micro)
         assert torch.equal(x, ex) and torch.equal(y, ey)
-    with pytest.raises(ValueError, match="micro_steps: 0"):
-        loader.batches(0, 0)  # checked at the call, not at the first next()
+    with pytest.raises(ValueError, match="micro_steps must be >= 1"):
+        ShardLoader(folder, "train", B, T, seed=5, micro_steps=0)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -67,9 +67,9 @@ def test_loader_on_cuda_gives_the_cpu_batches(tiny_config):
     from data.prepare import prepare
 
     prepare(tiny_config.data, verbose=False)
-    cpu = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=3)
-    gpu = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=3, device="cuda")
-    batches = gpu.batches(5, 2)
+    cpu = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=3, micro_steps=2)
+    gpu = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=3, device="cuda", micro_steps=2)
+    batches = gpu.batches(5)
     for step, micro in [(5, 0), (5, 1), (6, 0)]:
         x, y = next(batches)
         assert x.is_cuda and y.is_cuda

@@ -192,7 +192,7 @@ def test_grad_accumulation_matches_a_big_batch(tiny_config, tmp_path):
     from data.prepare import prepare
 
     prepare(tiny_config.data)
-    loader = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=1)
+    loader = ShardLoader(tiny_config.data.dir, "train", 4, 32, seed=1, micro_steps=2)
     torch.manual_seed(0)
     a = GPT(_model_cfg(tiny_config))
     b = GPT(_model_cfg(tiny_config))

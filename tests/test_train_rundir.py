@@ -154,3 +154,32 @@ def test_resume_refuses_other_text_behind_the_same_settings(tiny_config, tmp_pat
     tiny_config.train.resume, tiny_config.data.path = "auto", str(other)
     with pytest.raises(ValueError, match="holds other text .* than the run being resumed"):
         train(tiny_config)
+
+
+def test_a_resume_on_another_world_size_keeps_the_micro_batches_per_step(tiny_config, capsys):
+    """Saved by 2 processes with grad_accum 2 (4 micro-batches a step): 1 or 4 processes rescale grad_accum, 3
+    cannot share 4 and are refused in one line; an explicit grad_accum that keeps the product is accepted."""
+    import copy
+
+    from train.rundir import resume_point
+
+    tiny_config.train.grad_accum, tiny_config.train.stop_at = 2, 10
+    train(tiny_config)
+    out = Path(tiny_config.train.out_dir)
+    config_file = out / "latest" / "config.json"
+    saved = json.loads(config_file.read_text())
+    assert saved["world_size"] == 1
+    config_file.write_text(json.dumps({**saved, "world_size": 2}))  # as if two processes had trained it
+    tiny_config.train.resume = "auto"
+    for world, accum in ((1, 4), (4, 1), (2, 2)):
+        cfg = copy.deepcopy(tiny_config)
+        assert resume_point(cfg, out, world) == out / "latest" and cfg.train.grad_accum == accum
+    assert "train.grad_accum 2 -> 4, so each step still takes 4 micro-batches" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^train.grad_accum: .* = 4 per step, which 3 processes cannot share"):
+        resume_point(copy.deepcopy(tiny_config), out, 3)
+    explicit = copy.deepcopy(tiny_config)
+    explicit.train.grad_accum = 4
+    assert resume_point(explicit, out, 1) == out / "latest"
+    explicit.train.grad_accum = 3  # another number of micro-batches a step: another run
+    with pytest.raises(ValueError, match="holds a different run .*train.grad_accum 2 -> 3"):
+        resume_point(explicit, out, 1)

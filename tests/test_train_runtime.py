@@ -100,8 +100,9 @@ def test_setup_under_torchrun_binds_the_local_gpu_with_a_long_timeout_and_tf32(m
     assert joined == [{"backend": "nccl", "timeout": datetime.timedelta(hours=1)}]
     assert "cuda:0 is ignored under torchrun" in capsys.readouterr().err
     assert torch.get_float32_matmul_precision() == "high"  # TF32 for fp32 matmuls
-    assert runtime.ddp_options(rt) == {"device_ids": [1], "gradient_as_bucket_view": True,
-                                       "broadcast_buffers": False}
+    from train.parallel import ddp_options
+
+    assert ddp_options(rt) == {"device_ids": [1], "gradient_as_bucket_view": True, "broadcast_buffers": False}
     runtime.teardown(rt)
     assert torch.get_float32_matmul_precision() == before  # exact comparisons elsewhere see fp32 again
     runtime.setup("cuda", "float32", 768, timeout_s=90)

@@ -19,7 +19,7 @@ from model.run_data import KEY as DATA_LOCATION, data_location
 from train.collectives import checked_on_rank0, from_rank0, same_data_on_every_node
 from train.config import RunConfig
 from train.evaluation import probe_text
-from train.rundir import RunLock, check_same_text, clear_run, resume_point
+from train.rundir import WORLD_SIZE, RunLock, check_same_text, clear_run, resume_point
 from train.runtime import Runtime, resumed_dtype, setup, teardown
 from train.state import TrainerState
 from train.trainer import Trainer
@@ -31,23 +31,24 @@ def train(cfg: RunConfig) -> dict:
     lock = RunLock(Path(cfg.train.out_dir))
     try:
         checked_on_rank0(rt, lock.acquire)  # one live run per out_dir, before anything in it is read or cleared
-        resume_from = checked_on_rank0(rt, lambda: _open_run(cfg))
+        resume_from = checked_on_rank0(rt, lambda: _open_run(cfg, rt.world_size))
         resuming = from_rank0(rt, resume_from is not None)
+        cfg.train.grad_accum = from_rank0(rt, cfg.train.grad_accum)  # a resume on another world size changes it
         same_data_on_every_node(cfg, rt)
         tokenizer = _fit_vocab(cfg)
         run_config = _run_config(cfg, rt, tokenizer)
         model, state = _build_model(cfg, rt, resume_from, resuming)
-        return Trainer(cfg, rt, model, state, tokenizer, run_config).run()
+        return Trainer(cfg, rt, model, state, tokenizer, run_config, resume_from).run()
     finally:
         lock.release()
         teardown(rt)
 
 
-def _open_run(cfg: RunConfig) -> Path | None:
+def _open_run(cfg: RunConfig, world_size: int) -> Path | None:
     """Rank 0 alone (other nodes may not see its out_dir or data.dir): the checkpoint to resume from, or None for a
     new run (then out_dir is cleared); the data is prepared (or found prepared) either way."""
     out = Path(cfg.train.out_dir)
-    resume_from = resume_point(cfg, out)
+    resume_from = resume_point(cfg, out, world_size)
     prepare(cfg.data)
     if resume_from is not None:
         check_same_text(resume_from, cfg.data.dir)
@@ -72,7 +73,7 @@ def _run_config(cfg: RunConfig, rt: Runtime, tokenizer: Tokenizer) -> dict:
     split from anywhere, also after the folders moved)."""
     if cfg.log.attention and rt.is_main:
         cfg.log.probe_prompt = probe_text(cfg, tokenizer)
-    run_config = cfg.to_dict()
+    run_config = {**cfg.to_dict(), WORLD_SIZE: rt.world_size}
     if rt.is_main:
         run_config[DATA_LOCATION] = data_location(cfg.data.dir, Path(cfg.train.out_dir) / "latest")
     return run_config
@@ -84,7 +85,7 @@ def _build_model(cfg: RunConfig, rt: Runtime, resume_from: Path | None,
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model)
     state = checked_on_rank0(rt, lambda: _restore(model, resume_from))
-    if resuming:  # optimizer, progress and RNG streams from rank 0; DDP copies its weights
+    if resuming:  # optimizer, progress and RNG streams from rank 0; its weights reach the others in `wrap`
         state = from_rank0(rt, state)
         # the precision it started with, unless it moved to another kind of device
         rt.dtype = from_rank0(rt, resumed_dtype(state.to_dict(), rt, cfg.train.dtype))

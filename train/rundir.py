@@ -80,6 +80,7 @@ FROZEN_SECTIONS = ("model", "data")
 MAY_CHANGE = {"model.dropout", "data.dir", "data.path", "data.num_proc", "data.dtype", "data.shard_tokens",
               "data.streaming"}
 FROZEN_TRAIN = {"train.optimizer", "train.seed", "train.batch_size", "train.grad_accum"}
+WORLD_SIZE = "world_size"  # config.json: how many processes trained the run
 
 
 def config_changes(saved: dict, wanted: dict) -> list[tuple[str, object, object]]:
@@ -97,19 +98,22 @@ def frozen(key: str) -> bool:
     return (key.split(".")[0] in FROZEN_SECTIONS and key not in MAY_CHANGE) or key in FROZEN_TRAIN
 
 
-def resume_point(cfg: RunConfig, out: Path) -> Path | None:
+def resume_point(cfg: RunConfig, out: Path, world_size: int = 1) -> Path | None:
     """The checkpoint to continue from, or None; refuses an out_dir holding another run unless overwrite.
 
     A resume compares the saved config with this one field by field: a change to a frozen field (the model's shape,
     the data's identity, the optimizer, batch or seed) is another run and is refused with the fields named; other
     changes are applied and listed on stderr. data.path may change (a moved corpus) because the text itself is
-    checked after preparing (`check_same_text`).
+    checked after preparing (`check_same_text`). On another number of processes, grad_accum changes with it
+    (`_keep_micro_batches`).
     """
     if cfg.train.resume == "auto" and ((out / "latest").exists() or (out / ".latest.old").exists()):
         latest = resolve_checkpoint_dir(out / "latest" if (out / "latest").exists() else out / ".latest.old")
         if latest.name == "best":
             return None
         saved = read_run_config(latest)
+        asked_accum = cfg.train.grad_accum
+        _keep_micro_batches(cfg, saved, world_size)
         wanted = cfg.to_dict()
         if wanted["model"]["vocab_size"] == 0:  # "take it from the data": the saved run has the resolved number
             wanted["model"]["vocab_size"] = saved.get("model", {}).get("vocab_size")
@@ -117,6 +121,7 @@ def resume_point(cfg: RunConfig, out: Path) -> Path | None:
         blocked = [c for c in changes if frozen(c[0])]
         if blocked:
             if cfg.train.overwrite:
+                cfg.train.grad_accum = asked_accum  # a new run: as asked
                 return None
             named = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in blocked[:3])
             more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
@@ -134,6 +139,26 @@ def resume_point(cfg: RunConfig, out: Path) -> Path | None:
         raise ValueError(f"train.out_dir: {out} already holds a run; continue it with --train.resume auto "
                          "or replace it with --train.overwrite true")
     return None
+
+
+def _keep_micro_batches(cfg: RunConfig, saved: dict, world_size: int) -> None:
+    """A step holds grad_accum x world_size micro-batches, and the loader deals the same windows to them however
+    they are split (data/loader.py): on another number of processes grad_accum takes up the difference, so the run
+    goes on with the same steps. An explicit grad_accum is accepted when it keeps the product."""
+    saved_world, saved_accum = saved.get(WORLD_SIZE, 1), (saved.get("train") or {}).get("grad_accum")
+    if saved_world == world_size or not isinstance(saved_accum, int):
+        return
+    micro = saved_accum * saved_world
+    if cfg.train.grad_accum == saved_accum:
+        if micro % world_size:
+            raise ValueError(f"train.grad_accum: the run takes {saved_accum} micro-batches x {saved_world} processes "
+                             f"= {micro} per step, which {world_size} processes cannot share evenly; resume on a "
+                             f"number of processes that divides {micro}")
+        cfg.train.grad_accum = micro // world_size
+        print(f"resuming on {world_size} processes instead of {saved_world}: train.grad_accum {saved_accum} -> "
+              f"{cfg.train.grad_accum}, so each step still takes {micro} micro-batches", file=sys.stderr)
+    if cfg.train.grad_accum * world_size == micro:
+        saved["train"]["grad_accum"] = cfg.train.grad_accum  # the same steps: not a frozen change
 
 
 def check_same_text(checkpoint: Path, data_dir: str) -> None:

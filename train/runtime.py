@@ -246,11 +246,3 @@ def measure_matmul_flops(device: torch.device, n: int = 1024, reps: int = 4,
     sync()
     return 2 * n ** 3 * reps / (time.perf_counter() - start)
 
-
-def __getattr__(name: str):
-    """`ddp_options` moved to train/parallel.py; train/loop.py imports it from here until it imports it there.
-    Lazily, so the scripts that only pick a device do not import torch.distributed.fsdp."""
-    if name == "ddp_options":
-        from train.parallel import ddp_options
-        return ddp_options
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

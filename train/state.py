@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from model.checkpoint import load_trainer_state
+from train.runtime import Runtime
+from train.sharded_checkpoint import restore as restore_optimizer
 
 
 @dataclass
@@ -31,6 +33,7 @@ class TrainerState:
     scaler: dict | None = None  # fp16's GradScaler
     dtype: str = ""  # the precision the run computes in, so `auto` keeps it on resume
     device_type: str = ""
+    optimizer_dir: str | None = None  # a sharded (fsdp) run: the optimizer state lies in this folder beside
 
     @classmethod
     def load(cls, directory: str | Path) -> "TrainerState":
@@ -57,14 +60,16 @@ class TrainerState:
                        scaler=scaler.state_dict(), rng=rng_state(device), rng_ranks=rng_ranks,
                        dtype=str(dtype).removeprefix("torch."), device_type=device.type).to_dict()
 
-    def restore(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device) -> None:
-        """Put the saved optimizer, scaler and RNG state back (the counters are this object's own fields)."""
-        if self.optimizer is not None:
-            optimizer.load_state_dict(self.optimizer)
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                rt: Runtime, directory: str | Path | None) -> None:
+        """Put the saved optimizer, scaler and RNG state back (the counters are this object's own fields), on
+        every rank. `model` is the wrapped one: the optimizer state moves between whole and sharded layouts and
+        world sizes (train/sharded_checkpoint.py); `directory` is the checkpoint, where its shards lie."""
+        restore_optimizer(model, optimizer, self.to_dict(), directory, rt)
         if self.scaler:
             scaler.load_state_dict(self.scaler)
         if self.rng is not None:
-            set_rng_state(self.rng, device)
+            set_rng_state(self.rng, rt.device)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -6,7 +6,6 @@ ranks agree on when to stop and on the clock every log interval, so their loops 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -15,17 +14,18 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from data.loader import ShardLoader
-from model.checkpoint import save_checkpoint
+from model.checkpoint import load_state, save_checkpoint
 from model.gpt import GPT
-from train.collectives import agree, barrier, gather_rng, mean_over_ranks, on_rank0
+from train.collectives import agree, barrier, from_rank0, gather_rng, mean_over_ranks, on_rank0
 from train.config import RunConfig, TrainConfig
 from train.evaluation import estimate_losses, eval_extras
 from train.optim import build_optimizer, lr_factor, set_lr
-from train.runtime import Runtime, ddp_options, peak_flops
+from train.parallel import clip_grad_norm, gradient_sync, is_sharded, wrap
+from train.runtime import Runtime, peak_flops
+from train.sharded_checkpoint import full_model_state, save_sharded_checkpoint
 from train.signals import StopRequested
 from train.state import TrainerState, seed_rank
 from train.tracking import Tracker
@@ -46,22 +46,29 @@ class _Marks:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, rt: Runtime, model: GPT, state: TrainerState | None, tokenizer,
-                 run_config: dict):
-        """`model` is built (and its weights restored) on rt.device; `state` is None for a new run."""
+                 run_config: dict, resume_from: Path | None = None):
+        """`model` is built on rt.device, with the saved weights on rank 0 when resuming; `state` (every rank's) is
+        None for a new run; `resume_from` is the checkpoint directory (rank 0's path, read by a sharded restore)."""
         self.cfg, self.rt, self.tc = cfg, rt, cfg.train
         self.out = Path(cfg.train.out_dir)
         self.tokenizer, self.run_config = tokenizer, run_config
         self.resumed = state is not None
         self.state = state if state is not None else TrainerState()
+        if self.tc.activation_checkpointing:
+            model.set_activation_checkpointing(True)
         self.raw_model = model
-        self.optimizer = build_optimizer(model, self.tc, rt.device.type)
+        self.model = wrap(model, rt, self.tc.parallel, self.tc.compile)  # fsdp: `model` itself, sharded in place
+        self.sharded = is_sharded(self.model)
+        self.optimizer = build_optimizer(model, self.tc, rt.device.type)  # on the (sharded) parameters
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.needs_grad_scaler())
-        self.state.restore(self.optimizer, self.scaler, rt.device)
+        if self.resumed:
+            directory = from_rank0(rt, str(resume_from) if resume_from is not None else None)
+            self.state.restore(self.model, self.optimizer, self.scaler, rt, directory)
         if rt.distributed:
             seed_rank(state, self.tc.seed, rt.rank, rt.world_size, rt.device)
-        self.model = self._wrap(model)
         self.loader = ShardLoader(cfg.data.dir, "train", self.tc.batch_size, cfg.model.block_size, self.tc.seed,
-                                  rank=rt.rank, world_size=rt.world_size, device=rt.device)
+                                  rank=rt.rank, world_size=rt.world_size, device=rt.device,
+                                  micro_steps=self.tc.grad_accum)
         ShardLoader(cfg.data.dir, "val", self.tc.batch_size, cfg.model.block_size, self.tc.seed)  # too small: now
         self.tokens_per_step = self.tc.batch_size * cfg.model.block_size * self.tc.grad_accum * rt.world_size
         self.peak, self.peak_source = peak_flops(rt.device, rt.dtype) if rt.is_main else (0.0, "")
@@ -72,13 +79,6 @@ class Trainer:
         self.loss_sum = self.grad_norm = None
         self.settled_step, self.settled_elapsed = self.state.step, self.state.elapsed
         self.shared_elapsed = self.state.elapsed  # DDP: the clock the ranks last agreed on
-
-    def _wrap(self, model: GPT) -> torch.nn.Module:
-        if self.tc.compile:
-            model = torch.compile(model)
-        if self.rt.distributed:
-            model = DDP(model, **ddp_options(self.rt))
-        return model
 
     def _start_tracker(self) -> Tracker:
         log = self.cfg.log
@@ -93,7 +93,7 @@ class Trainer:
         self._announce()
         tc, st = self.tc, self.state
         bar = _progress_bar(tc, st.step, st.elapsed, self.rt.is_main)
-        batches = self.loader.batches(st.step, tc.grad_accum)  # one ahead: the next copy overlaps this step
+        batches = self.loader.batches(st.step)  # one ahead: the next copy overlaps this step
         stop_reason, last_val = "max_iters", math.nan
         with StopRequested() as stop:
             while st.step < tc.max_iters:
@@ -133,7 +133,7 @@ class Trainer:
             self.rank_rngs = gather_rng(rt)
         val = self._evaluate() if marks.eval else math.nan
         if (stopping or marks.pause) and not marks.eval:
-            on_rank0(rt, lambda: self.save("latest", with_state=True), f"saving at step {st.step}")
+            self._save_everywhere("latest", with_state=True)
         return stopping, marks, val
 
     def _train_step(self, batches: Iterator) -> float:
@@ -144,15 +144,14 @@ class Trainer:
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(tc.grad_accum):
             x, y = next(batches)
-            sync = not rt.distributed or micro == tc.grad_accum - 1
-            with contextlib.nullcontext() if sync else self.model.no_sync():  # no all-reduce on micro-steps
+            with gradient_sync(self.model, micro == tc.grad_accum - 1):  # no all-reduce on micro-steps
                 with rt.autocast():
                     _, loss = self.model(x, y, return_logits=False)  # no [B, T, vocab] logits outlive the forward
                     loss = loss / tc.grad_accum
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)
-        self.grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), tc.grad_clip or float("inf"))
+        self.grad_norm = clip_grad_norm(self.raw_model.parameters(), tc.grad_clip)  # sharded grads too
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -207,34 +206,76 @@ class Trainer:
     # --- evaluation and checkpoints --------------------------------------------------------------------------------
 
     def _evaluate(self) -> float:
-        return on_rank0(self.rt, self._evaluate_on_rank0, f"evaluating at step {self.state.step}")
-
-    def _evaluate_on_rank0(self) -> float:
-        """Losses, then latest/ (and best/ when val improved), then samples and attention maps."""
-        st, cfg = self.state, self.cfg
-        losses = estimate_losses(self.raw_model, cfg, self.rt)
-        improved = losses["val"] < st.best_val
-        if improved:
-            st.best_val = losses["val"]
-        self.tracker.log({"step": st.step, "tokens": st.tokens, "val/loss": losses["val"],
-                          "train/eval_loss": losses["train"], "elapsed_s": round(st.elapsed, 3),
-                          "val/best_loss": st.best_val})
+        """Losses, then latest/ (and best/ when val improved), then samples and attention maps. A sharded model
+        needs every rank for a forward: there all ranks evaluate and save, and the extras run on a whole copy."""
+        if not self.sharded:
+            return on_rank0(self.rt, lambda: self._evaluate_whole(self.raw_model),
+                            f"evaluating at step {self.state.step}")
+        losses = from_rank0(self.rt, estimate_losses(self.model, self.cfg, self.rt))  # every rank computes
+        improved = self._record(losses)
         self.save("latest", with_state=True)
         if improved:
             self.save("best", with_state=False)
-        eval_extras(self.raw_model, self.tokenizer, cfg, self.rt, st.step, self.out, self.tracker)
-        tqdm.write(f"step {st.step}: train {losses['train']:.4f}, val {losses['val']:.4f}"
-                   f"{' (best)' if improved else ''}", file=sys.stderr)
+        whole = self._whole_copy() if self.cfg.log.sample_tokens > 0 or self.cfg.log.attention else None
+        on_rank0(self.rt, lambda: self._extras(whole, losses, improved), f"sampling at step {self.state.step}")
         return losses["val"]
 
+    def _evaluate_whole(self, model: GPT) -> float:
+        losses = estimate_losses(model, self.cfg, self.rt)
+        improved = self._record(losses)
+        self.save("latest", with_state=True)
+        if improved:
+            self.save("best", with_state=False)
+        self._extras(model, losses, improved)
+        return losses["val"]
+
+    def _record(self, losses: dict[str, float]) -> bool:
+        """Log the losses and keep the best; True when val improved on it."""
+        st = self.state
+        improved = losses["val"] < st.best_val
+        if improved:
+            st.best_val = losses["val"]
+        if self.tracker is not None:
+            self.tracker.log({"step": st.step, "tokens": st.tokens, "val/loss": losses["val"],
+                              "train/eval_loss": losses["train"], "elapsed_s": round(st.elapsed, 3),
+                              "val/best_loss": st.best_val})
+        return improved
+
+    def _extras(self, model: GPT | None, losses: dict[str, float], improved: bool) -> None:
+        if model is not None:
+            eval_extras(model, self.tokenizer, self.cfg, self.rt, self.state.step, self.out, self.tracker)
+        tqdm.write(f"step {self.state.step}: train {losses['train']:.4f}, val {losses['val']:.4f}"
+                   f"{' (best)' if improved else ''}", file=sys.stderr)
+
+    def _whole_copy(self) -> GPT | None:
+        """Rank 0: an unsharded copy of the model for the samples and the attention probe (their hooks and KV cache
+        want plain modules); the others None. A collective (the shards are gathered)."""
+        full = full_model_state(self.model)
+        if not self.rt.is_main:
+            return None
+        copy = GPT(self.cfg.model)
+        load_state(copy, full, "gathered fsdp state does not match the model")
+        return copy.to(self.rt.device)
+
     def save(self, name: str, with_state: bool) -> None:
-        """A checkpoint folder under out_dir; with the trainer state only where a resume may start (latest/)."""
+        """A checkpoint folder under out_dir; with the trainer state only where a resume may start (latest/).
+        Rank 0 alone for a whole model; every rank for a sharded one (each writes its shard)."""
         trainer_state = None
         if with_state:
             self.state.wandb_id = self.tracker.run_id if self.tracker else None
-            trainer_state = self.state.snapshot(self.optimizer, self.scaler, self.rt.device, self.rt.dtype,
-                                                self.rank_rngs)
-        save_checkpoint(self.out / name, self.raw_model, self.tokenizer, self.run_config, trainer_state)
+            trainer_state = self.state.snapshot(None if self.sharded else self.optimizer, self.scaler,
+                                                self.rt.device, self.rt.dtype, self.rank_rngs)
+        if self.sharded:
+            save_sharded_checkpoint(self.out / name, self.model, self.optimizer if with_state else None,
+                                    self.tokenizer, self.run_config, trainer_state, self.rt)
+        else:
+            save_checkpoint(self.out / name, self.raw_model, self.tokenizer, self.run_config, trainer_state)
+
+    def _save_everywhere(self, name: str, with_state: bool) -> None:
+        if self.sharded:
+            self.save(name, with_state)
+        else:
+            on_rank0(self.rt, lambda: self.save(name, with_state), f"saving at step {self.state.step}")
 
     # --- start and end ---------------------------------------------------------------------------------------------
 
