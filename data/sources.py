@@ -220,7 +220,7 @@ def download_tinyshakespeare(folder: Path, url: str = TINYSHAKESPEARE_URL) -> Pa
         os.replace(tmp, target)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        raise ValueError(f"could not download {url} ({reason}); pass --data.path with a local copy") from None
+        raise ValueError(f"could not download {url} ({reason}); set data.path to a local copy") from None
     finally:
         tmp.unlink(missing_ok=True)
     return target
