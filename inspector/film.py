@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data.atomic import atomic_file
 from inspector.stats import THRESHOLDS
 from inspector.viewer import SCALE, _colormap_hex, _json_for_script, asset, quantize_lower, self_contained_page
 from model.param_error import ParamError
@@ -44,11 +45,9 @@ def save_frame(folder: Path, step: int, cap) -> Path:
     the head_stats.json that `probe_attention` wrote into the same folder."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FRAME_FILE
-    tmp = folder / f".{FRAME_FILE}.tmp"
-    with open(tmp, "wb") as f:  # a file object, so numpy does not append .npz to the temporary name
+    with atomic_file(path) as f:  # a file object, so numpy does not append .npz to the temporary name
         np.savez_compressed(f, step=step, lower=quantize_lower(cap.weights), tokens=np.array(cap.tokens, dtype=str),
                             layers=np.array(cap.layers), heads=np.array(cap.heads))
-    tmp.replace(path)
     return path
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from data.atomic import atomic_file, write_text_atomic
 from inspector import plots
 from inspector.capture import Capture, capture_attention, repeated_random_tokens, token_strings
 from inspector.stats import STAT_KEYS, THRESHOLDS, head_stats, summary_scalars
@@ -78,8 +79,8 @@ def write_stats(stats: list[dict], out_dir: str | Path, extra: dict | None = Non
     meta = {"thresholds": {name: {"score": key, "min": value} for name, (key, value) in THRESHOLDS.items()},
             "label_order": list(THRESHOLDS) + ["mixed"], **(extra or {})}
     json_path, csv_path = out / "head_stats.json", out / "head_stats.csv"
-    json_path.write_text(json.dumps({**meta, "heads": stats}, indent=1) + "\n")
-    with open(csv_path, "w", newline="") as f:
+    write_text_atomic(json_path, json.dumps({**meta, "heads": stats}, indent=1) + "\n")  # the film reads it
+    with atomic_file(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["layer", "head", "label", *STAT_KEYS])
         writer.writeheader()
         writer.writerows(stats)
