@@ -115,11 +115,12 @@ def sampling_logits(logits: torch.Tensor, settings: SamplingSettings, seen: torc
     if settings.temperature != 1.0:
         logits = logits / settings.temperature
     V = logits.size(-1)
-    if 0 < settings.top_k < V:
-        values, ids = torch.topk(logits, settings.top_k, dim=-1)
-        if not bool(((logits >= values[..., -1:]).sum(dim=-1) > settings.top_k).any()):
-            return top_p_filter(values, settings.top_p), ids
-        return top_p_filter(top_k_filter(logits, settings.top_k), settings.top_p), None
+    k = settings.top_k
+    if 0 < k < V:
+        values, ids = torch.topk(logits, k + 1, dim=-1)  # one more: a tie with the k-th shows as an equal (k+1)-th
+        if not bool((values[..., k] == values[..., k - 1]).any()):
+            return top_p_filter(values[..., :k], settings.top_p), ids[..., :k]
+        return top_p_filter(top_k_filter(logits, k), settings.top_p), None
     if settings.top_p < 1.0:
         values, ids = torch.topk(logits, min(NUCLEUS_CANDIDATES, V), dim=-1)
         log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)
