@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data.atomic import is_temp_name, temp_name
+from data.atomic import temp_name, temp_owner
 from data.config import DTYPE_LIMITS, DataConfig
 from data.corpus import DOC_SEP, CorpusStats, byte_offset, chunks, read_range, split_point, write_corpus
 from data.encode import CHUNK_BYTES, encode_range, resolve_num_proc
@@ -95,9 +95,9 @@ def remove_stale_files(folder: Path, keep: set[str] | None = None) -> None:
     """Delete temp files left by killed runs and, when `keep` is given, shards that meta.json no longer lists."""
     for path in folder.iterdir():
         name = path.name
-        if is_temp_name(name) and os.name != "nt":  # os.kill(pid, 0) is a probe on POSIX only
-            pid = name.rsplit(".", 2)[-2]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        pid = temp_owner(name)
+        if pid is not None and os.name != "nt":  # os.kill(pid, 0) is a probe on POSIX only
+            if pid != os.getpid() and not _pid_alive(pid):
                 path.unlink(missing_ok=True)
         elif keep is not None and SHARD_RE.match(name) and name not in keep:
             path.unlink(missing_ok=True)

@@ -5,13 +5,12 @@ is what makes a folder usable, so a failed or killed prepare never leaves shards
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from data.atomic import temp_name
+from data.atomic import AtomicFile
 
 SHARD_RE = re.compile(r"^(train|val)_\d{4,}\.bin$")
 
@@ -35,21 +34,18 @@ class ShardWriter:
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
         self.names: list[str] = []
         self.total = 0
-        self._file = None
-        self._tmp: Path | None = None
+        self._file: AtomicFile | None = None
         self._room = 0
 
     def _open(self) -> None:
         name = shard_name(self.split, len(self.names))
         self.names.append(name)
-        self._tmp = temp_name(self.folder / name)
-        self._file = open(self._tmp, "wb")
+        self._file = AtomicFile(self.folder / name)
         self._room = self.shard_tokens
 
     def _finish(self) -> None:
-        self._file.close()
-        os.replace(self._tmp, self.folder / self.names[-1])
-        self._file = self._tmp = None
+        self._file.commit()
+        self._file = None
 
     def write(self, tokens: np.ndarray) -> None:
         tokens = np.ascontiguousarray(tokens, dtype=self.dtype.newbyteorder("<"))
@@ -57,7 +53,7 @@ class ShardWriter:
             if self._file is None:
                 self._open()
             take = min(self._room, tokens.size)
-            self._file.write(tokens[:take].tobytes())
+            self._file.file.write(tokens[:take].tobytes())
             self._room -= take
             self.total += take
             tokens = tokens[take:]
@@ -73,6 +69,5 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard being written (finished shards stay, but no meta.json will point at them)."""
         if self._file is not None:
-            self._file.close()
-            self._tmp.unlink(missing_ok=True)
-            self._file = self._tmp = None
+            self._file.discard()
+            self._file = None

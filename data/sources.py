@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from data.atomic import temp_name
+from data.atomic import atomic_file
 from data.config import DataConfig
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -212,15 +212,11 @@ def download_tinyshakespeare(folder: Path, url: str = TINYSHAKESPEARE_URL) -> Pa
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(target)
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+        with urllib.request.urlopen(url, timeout=60) as response, atomic_file(target) as out:
             while block := response.read(1 << 20):
                 out.write(block)
-        os.replace(tmp, target)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        raise ValueError(f"could not download {url} ({reason}); pass --data.path with a local copy") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+        raise ValueError(f"could not download {url} ({reason}); set data.path to a local copy") from None
     return target

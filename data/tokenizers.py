@@ -56,6 +56,20 @@ class Tokenizer:
     def to_json(self) -> dict:
         raise NotImplementedError
 
+    def start_ids(self) -> list[int]:
+        """Where generation from an empty prompt starts: the end-of-text token, which opens every document in
+        GPT-2-style training data; a vocabulary without one (char) starts from a newline, the character its
+        documents are separated by (a blank line). A ValueError when it has neither."""
+        if self.eot_id is not None:
+            return [self.eot_id]
+        try:
+            ids = self.encode("\n")
+        except ValueError:
+            ids = []
+        if not ids:
+            raise ValueError("this tokenizer has neither an end-of-text token nor a newline to start from")
+        return ids
+
     def save(self, directory: str | Path) -> Path:
         """Write tokenizer.json into `directory` (created if needed); return its path."""
         folder = Path(directory)

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
+from data.atomic import write_text_atomic
+from data.json_safe import json_safe
 from experiments.variants import COLORS
 from train.config import RunConfig
 
@@ -164,11 +166,11 @@ def write_results(out_dir: str | Path, base: RunConfig, variants: list[dict], sa
                      cost_table(cost), "", _memory_note(cost[0]["memory_method"]), "",
                      "![attention cost](attention_cost.png)", ""]
     paths["results_md"] = out / "results.md"
-    paths["results_md"].write_text("\n".join(sections), encoding="utf-8")
+    write_text_atomic(paths["results_md"], "\n".join(sections))
     paths["results_json"] = out / "results.json"
     payload = {"setup": setup, "config": base.to_dict(), "environment": env, "variants": variants,
                "saturation": saturation, "cost": {"mode": cost_mode, "device": cost_device, "rows": cost}}
-    paths["results_json"].write_text(json.dumps(_json_safe(payload), indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(paths["results_json"], json.dumps(json_safe(payload), indent=1) + "\n")
     return paths
 
 
@@ -189,12 +191,3 @@ def _memory_note(method: str) -> str:
             "saved for backward are included, the inputs are not.")
 
 
-def _json_safe(obj):
-    """NaN and infinities become null: results.json stays strict JSON that any reader accepts."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Callable
 
 from tqdm import tqdm
 
+from model.param_error import ParamError
+
 if TYPE_CHECKING:
     from train.config import RunConfig
 
@@ -29,7 +31,7 @@ def variant_config(base: RunConfig, variant: str, out_dir: str | Path) -> RunCon
     the additive scorer, which learns its own score scale through v.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"--variants: {variant!r} is not one of {', '.join(VARIANTS)}")
+        raise ParamError("variant", f"{variant!r} is not one of {', '.join(VARIANTS)}")
     cfg = copy.deepcopy(base)
     dot = base.model.attention if base.model.attention != "additive" else "sdpa"
     cfg.model.attention = "additive" if variant == "additive" else dot
@@ -46,7 +48,7 @@ def check_budget(cfg: RunConfig) -> None:
     """The comparison is fair only at a fixed step budget: a wall-clock one would give slower scorers fewer steps."""
     if cfg.train.max_seconds:
         raise ValueError(f"train.max_seconds: {cfg.train.max_seconds} - the ablation compares variants at a fixed "
-                         "step budget; set --train.max_seconds 0 and choose --train.max_iters")
+                         "step budget; set train.max_seconds to 0 and choose train.max_iters")
 
 
 def ensure_probe(cfg: RunConfig) -> None:

@@ -59,20 +59,6 @@ def capture_attention(model: nn.Module, idx: torch.Tensor,
     return logits, torch.stack([seen[layer] for layer in layers])
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """Tokenize `text`, turning a tokenizer's own complaint (e.g. a character outside a char vocabulary) into one
-    ValueError line."""
-    if not text:
-        raise ValueError("--prompt: empty prompt; give some text to look at")
-    try:
-        ids = list(tokenizer.encode(text))
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"--prompt: cannot tokenize it with the checkpoint's tokenizer ({e})") from None
-    if not ids:
-        raise ValueError("--prompt: the prompt encodes to no tokens")
-    return ids
-
-
 def token_strings(tokenizer, ids: list[int]) -> list[str]:
     """Each token decoded on its own: the labels of the axes. (A BPE token that splits a UTF-8 character
     decodes to U+FFFD; that is the honest label of such a token.)"""

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from data.atomic import atomic_file
 from inspector.stats import THRESHOLDS
 from inspector.viewer import SCALE, _colormap_hex, _json_for_script, asset, quantize_lower, self_contained_page
+from model.param_error import ParamError
 
 FRAME_FILE = "frame.npz"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -43,11 +45,9 @@ def save_frame(folder: Path, step: int, cap) -> Path:
     the head_stats.json that `probe_attention` wrote into the same folder."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FRAME_FILE
-    tmp = folder / f".{FRAME_FILE}.tmp"
-    with open(tmp, "wb") as f:  # a file object, so numpy does not append .npz to the temporary name
+    with atomic_file(path) as f:  # a file object, so numpy does not append .npz to the temporary name
         np.savez_compressed(f, step=step, lower=quantize_lower(cap.weights), tokens=np.array(cap.tokens, dtype=str),
                             layers=np.array(cap.layers), heads=np.array(cap.heads))
-    tmp.replace(path)
     return path
 
 
@@ -75,7 +75,7 @@ def load_frames(run: str | Path) -> list[Frame]:
     no frames (trained with log.attention false, or before frames were saved)."""
     run = Path(run)
     if not is_run_folder(run):
-        raise ValueError(f"--run: {run} is not a run folder (no metrics.jsonl, latest/ or best/ in it)")
+        raise ParamError("run", f"{run} is not a run folder (no metrics.jsonl, latest/ or best/ in it)")
     frames = []
     for step, folder in _step_dirs(run):
         if not (folder / FRAME_FILE).is_file() or not (folder / "head_stats.json").is_file():
@@ -85,7 +85,7 @@ def load_frames(run: str | Path) -> list[Frame]:
                                 layers=z["layers"].tolist(), heads=z["heads"].tolist(),
                                 stats=json.loads((folder / "head_stats.json").read_text())["heads"]))
     if not frames:
-        raise ValueError(f"--run: {run} has no saved evaluations with attention frames (train with "
+        raise ParamError("run", f"{run} has no saved evaluations with attention frames (train with "
                          "log.attention true; runs trained before frames were saved have none)")
     return frames
 

@@ -12,12 +12,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from data.atomic import atomic_file, write_text_atomic
 from inspector import plots
-from inspector.capture import Capture, capture_attention, encode_prompt, repeated_random_tokens, token_strings
+from inspector.capture import Capture, capture_attention, repeated_random_tokens, token_strings
 from inspector.stats import STAT_KEYS, THRESHOLDS, head_stats, summary_scalars
 from inspector.viewer import render_viewer
 from model.eval_mode import eval_mode
 from model.inference import SamplingSettings, generate as generate_tokens
+from model.param_error import ParamError
+from model.text_stream import encode_prompt
 
 DEFAULT_PROBE = ("ROMEO:\nBut soft, what light through yonder window breaks?\n"
                  "It is the east, and Juliet is the sun.\n")
@@ -32,10 +35,10 @@ def _check_indices(name: str, chosen: list[int] | None, count: int) -> list[int]
     if chosen is None:
         return list(range(count))
     if not chosen:
-        raise ValueError(f"--{name}: give at least one index")
+        raise ParamError(name, "give at least one index")
     bad = [i for i in chosen if not 0 <= i < count]
     if bad:
-        raise ValueError(f"--{name}: {bad[0]} out of range 0..{count - 1}")
+        raise ParamError(name, f"{bad[0]} out of range 0..{count - 1}")
     return sorted(set(chosen))
 
 
@@ -47,7 +50,7 @@ def capture(model: nn.Module, tokenizer, ids: list[int], layers: list[int] | Non
     layers = _check_indices("layers", layers, config.n_layer)
     heads = _check_indices("heads", heads, config.n_head)
     if len(ids) < 2:
-        raise ValueError("need at least 2 tokens to look at attention; give a longer --prompt or --generate N")
+        raise ValueError(f"attention needs at least 2 tokens, got {len(ids)}")
     if len(ids) > config.block_size:
         raise ValueError(f"{len(ids)} tokens do not fit the model's block_size {config.block_size}")
     device = _device(model)
@@ -76,8 +79,8 @@ def write_stats(stats: list[dict], out_dir: str | Path, extra: dict | None = Non
     meta = {"thresholds": {name: {"score": key, "min": value} for name, (key, value) in THRESHOLDS.items()},
             "label_order": list(THRESHOLDS) + ["mixed"], **(extra or {})}
     json_path, csv_path = out / "head_stats.json", out / "head_stats.csv"
-    json_path.write_text(json.dumps({**meta, "heads": stats}, indent=1) + "\n")
-    with open(csv_path, "w", newline="") as f:
+    write_text_atomic(json_path, json.dumps({**meta, "heads": stats}, indent=1) + "\n")  # the film reads it
+    with atomic_file(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["layer", "head", "label", *STAT_KEYS])
         writer.writeheader()
         writer.writerows(stats)
@@ -118,10 +121,16 @@ def inspect_attention(model: nn.Module, tokenizer, prompt: str, out_dir: str | P
     last `max_tokens` tokens, at most block_size), and write every output. Returns {"paths", "stats", "capture"}.
     """
     if max_tokens < 2:
-        raise ValueError(f"--max-tokens: {max_tokens} must be at least 2")
+        raise ParamError("max_tokens", f"{max_tokens} must be at least 2")
     if generate < 0:
-        raise ValueError(f"--generate: {generate} must be >= 0")
-    ids = encode_prompt(tokenizer, prompt)
+        raise ParamError("generate", f"{generate} must be >= 0")
+    if not prompt and not generate:
+        raise ParamError("prompt", "empty prompt; give some text to look at, or {generate} N tokens to look at",
+                         mentions=("generate",))
+    ids = encode_prompt(tokenizer, prompt)  # empty with generate: the tokenizer's start token
+    if len(ids) + generate < 2:
+        raise ParamError("prompt", f"{len(ids)} token: attention needs at least 2 tokens; give a longer {{prompt}} "
+                         "or {generate} N", mentions=("prompt", "generate"))
     n_prompt = len(ids)
     block = model.config.block_size
     if generate:
@@ -135,7 +144,7 @@ def inspect_attention(model: nn.Module, tokenizer, prompt: str, out_dir: str | P
     stats = stats_of(cap)
     c = model.config
     subtitle = (f"{len(ids)} tokens ({cap.n_prompt} from the prompt, {len(ids) - cap.n_prompt} generated"
-                + (f"; the first {dropped} dropped to fit --max-tokens/block_size" if dropped else "")
+                + (f"; the first {dropped} dropped to fit max_tokens/block_size" if dropped else "")
                 + f") \u00b7 model: {c.n_layer} layers \u00d7 {c.n_head} heads, d_model {c.n_embd}, "
                 f"block {c.block_size}")
     paths = write_all(cap, stats, out_dir, title, subtitle)

@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from data.json_safe import json_safe
+
 # Heuristic labels. A head gets the first label in this order whose score reaches its threshold:
 #   induction       induction score   >= 0.40  (mean weight on the "token after my last occurrence")
 #   previous-token  previous score    >= 0.50  (mean weight on key i-1)
@@ -136,8 +138,7 @@ def head_stats(weights: np.ndarray, layers: list[int] | None = None, heads: list
         for hi, head in enumerate(heads):
             row: dict = {"layer": layer, "head": head}
             for key in STAT_KEYS:
-                value = float(table[key][li, hi]) if key in table else float("nan")
-                row[key] = None if math.isnan(value) else round(value, 6)
+                row[key] = json_safe(round(float(table[key][li, hi]), 6)) if key in table else None
             row["label"] = label_head({k: v for k, v in row.items() if isinstance(v, float)})
             out.append(row)
     return out

@@ -1,7 +1,7 @@
 """Checkpoint directories: weights in safetensors, the run config as JSON, the tokenizer's files, trainer state.
 
-A directory is written under a temporary name and swapped in by renames, so a kill at any moment leaves either the
-old or the new checkpoint complete. Loading never unpickles arbitrary objects: safetensors for weights, JSON for
+A directory is written under a temporary name and swapped in by renames (`data.atomic.atomic_dir`), so a kill at any
+moment leaves either the old or the new checkpoint complete. Loading never unpickles arbitrary objects: safetensors for weights, JSON for
 config, and `torch.load(weights_only=True)` for the optimizer and RNG state.
 """
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
-import uuid
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -20,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from data.atomic import atomic_dir, old_name
 from data.tokenizers import Tokenizer, load_tokenizer
 from model.config import ModelConfig
 from model.gpt import GPT
@@ -59,27 +58,14 @@ def save_checkpoint(directory: str | os.PathLike, model: torch.nn.Module, tokeni
                     trainer_state: dict[str, Any] | None = None) -> Path:
     """Write a complete checkpoint to `directory`, replacing any previous one only once the new one is whole."""
     final = Path(directory)
-    tmp = staging_dir(final)
-    try:
+    with atomic_dir(final) as tmp:
         write_checkpoint_files(tmp, model_state(model), tokenizer, run_config, trainer_state)
-        swap_in(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
-
-
-def staging_dir(final: Path) -> Path:
-    """A fresh hidden twin of checkpoint directory `final` to write into; `swap_in` makes it `final`. A kill before
-    that leaves `final` as it was (train/rundir.py clears such leftovers, `.NAME.tmp-*`, with the run)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    return tmp
 
 
 def write_checkpoint_files(tmp: Path, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, run_config: dict,
                            trainer_state: dict[str, Any] | None) -> None:
+    """Everything of a checkpoint into the folder being built (a sharded save adds its shards beside)."""
     save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     (tmp / CONFIG).write_text(json.dumps({"format_version": FORMAT_VERSION, **run_config}, indent=2))
     tokenizer.save(tmp)
@@ -87,25 +73,12 @@ def write_checkpoint_files(tmp: Path, weights: dict[str, torch.Tensor], tokenize
         torch.save(trainer_state, tmp / TRAINER_STATE)
 
 
-def swap_in(tmp: Path, final: Path) -> None:
-    """Replace `final` by the complete directory `tmp` with renames; between them `.NAME.old` holds the previous."""
-    old = final.with_name(f".{final.name}.old")
-    if old.exists() and not final.exists():
-        os.replace(old, final)  # an earlier swap was cut between its renames: restore before replacing
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def resolve_checkpoint_dir(path: str | os.PathLike) -> Path:
     """A checkpoint directory itself, or a run's out_dir (best/, else latest/); a swap cut short is recovered."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"no checkpoint at {p}: the path does not exist")
-    for candidate in (p, p / "best", p / "latest", p / ".best.old", p / ".latest.old"):
+    for candidate in (p, p / "best", p / "latest", old_name(p / "best"), old_name(p / "latest")):
         if (candidate / WEIGHTS).is_file() and (candidate / CONFIG).is_file():
             return candidate
     raise ValueError(f"no checkpoint at {p}: expected {WEIGHTS} and {CONFIG}, or a run folder with best/ or latest/")

@@ -13,7 +13,6 @@ import json
 import pickle
 import shutil
 import tempfile
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from data.atomic import atomic_dir
 from data.hf_tokenizer import HF_TOKENIZER, read_hf_tokenizer, write_hf_tokenizer
 from data.tokenizers import TOKENIZER_FILE, Tokenizer, gpt2_tokenizer, load_tokenizer
 from model.checkpoint import Checkpoint, imported_run_config, load_state, model_config_from_dict
@@ -63,10 +63,7 @@ def export_hf(ckpt: Checkpoint, out_dir: str | Path, arch: str = "auto", overwri
     module = ARCHS[name]
     out = Path(out_dir)
     check_out_dir(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
+    with atomic_dir(out) as tmp:
         hf = {**module.hf_config(config, ckpt.tokenizer), "attngpt": asdict(config)}
         save_file(module.state_to_hf(ckpt.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(hf, indent=2))
@@ -76,14 +73,6 @@ def export_hf(ckpt: Checkpoint, out_dir: str | Path, arch: str = "auto", overwri
         write_hf_tokenizer(ckpt.tokenizer, tmp, config.block_size)
         if module is hf_attngpt:
             hf_attngpt.write_extra_files(tmp)
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return name
 
 

@@ -1,8 +1,10 @@
 """Token-by-token generation: logits processors, two decoders (KV-cached and full recompute), and a token stream.
 
 Decoding is split in three layers so each can be checked alone:
-- `process_logits` / `sample_next`: the samplers, following Hugging Face transformers' logits processors of the
-  same names, applied in the same order (repetition penalty, temperature, top-k, top-p);
+- `sampling_logits` / `sample_next`: the one sampling chain (every decoder, the server, the trainer's samples and
+  the benchmarks draw through `sample_next`), following Hugging Face transformers' logits processors of the same
+  names in the same order (repetition penalty, temperature, top-k, top-p); `process_logits` is its full-vocabulary
+  view;
 - `CachedDecoder` and `RecomputeDecoder`: "logits of the next token given everything fed so far". They share one
   context-window policy, so their logits agree step for step; the cached one prefills once and then runs one token
   per step, the other re-runs the whole window (the slow reference);
@@ -20,6 +22,7 @@ from model.checkpoint import unwrap
 from model.eval_mode import eval_mode
 from model.gpt import GPT
 from model.kv_cache import KVCache
+from model.param_error import ParamError
 
 MAX_NEW_TOKENS = 100_000  # beyond this a request is a typo, not a plan
 
@@ -34,25 +37,27 @@ class SamplingSettings:
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context; 1 = off
 
     def validate(self) -> None:
-        """Raise ValueError naming the option, in the words of the command line."""
+        """Raise a ParamError naming the field (scripts show it as their flag, the server as its JSON field)."""
         if not self.temperature >= 0:
-            raise ValueError(f"--temperature: {self.temperature} must be >= 0 (0 = greedy)")
+            raise ParamError("temperature", f"{self.temperature} must be >= 0 (0 = greedy)")
         if self.top_k < 0:
-            raise ValueError(f"--top-k: {self.top_k} must be >= 0 (0 = off)")
+            raise ParamError("top_k", f"{self.top_k} must be >= 0 (0 = off)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"--top-p: {self.top_p} must lie in (0, 1]")
+            raise ParamError("top_p", f"{self.top_p} must lie in (0, 1]")
         if not self.repetition_penalty > 0:
-            raise ValueError(f"--repetition-penalty: {self.repetition_penalty} must be > 0 (1 = off)")
+            raise ParamError("repetition_penalty", f"{self.repetition_penalty} must be > 0 (1 = off)")
 
 
 def check_max_new_tokens(n: int) -> None:
     if n < 0:
-        raise ValueError(f"--max-new-tokens: {n} must be >= 0")
+        raise ParamError("max_new_tokens", f"{n} must be >= 0")
     if n > MAX_NEW_TOKENS:
-        raise ValueError(f"--max-new-tokens: {n} is absurdly large (at most {MAX_NEW_TOKENS})")
+        raise ParamError("max_new_tokens", f"{n} is absurdly large (at most {MAX_NEW_TOKENS})")
 
 
 # --- logits processors (Hugging Face semantics) -------------------------------------------------------------------
+
+NUCLEUS_CANDIDATES = 256  # top-p first looks among this many tokens; sorting all 50k costs ~20x more
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """For every token present in the context (`seen` [B, V] bool), divide a positive logit by `penalty` and
@@ -72,60 +77,64 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+def top_p_filter(logits: torch.Tensor, p: float, log_norm: torch.Tensor | None = None) -> torch.Tensor:
     """Nucleus filtering (HF TopPLogitsWarper): sort ascending, drop tokens whose cumulative probability is
-    <= 1 - p; what is left is the smallest most-likely set whose probability reaches p. The top token always stays."""
+    <= 1 - p; what is left is the smallest most-likely set whose probability reaches p. The top token always stays.
+
+    `log_norm` [B, 1]: `logits` are only the most likely candidates of a larger vocabulary whose logsumexp this is;
+    the probability of the rest, all below them, then starts the cumulative sum."""
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    if log_norm is None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    else:
+        probs = torch.exp(sorted_logits - log_norm)
+        cumulative = (1.0 - probs.sum(dim=-1, keepdim=True)) + probs.cumsum(dim=-1)
     remove_sorted = cumulative <= (1.0 - p)
     remove_sorted[..., -1] = False
     remove = remove_sorted.scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
 
 
-def process_logits(logits: torch.Tensor, settings: SamplingSettings, seen: torch.Tensor | None = None) -> torch.Tensor:
-    """The whole chain in Hugging Face's order: repetition penalty on raw logits, then temperature, top-k, top-p."""
+def sampling_logits(logits: torch.Tensor, settings: SamplingSettings, seen: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one implementation of the sampling chain, in Hugging Face's order: repetition penalty on the raw logits,
+    then temperature, top-k, top-p. Returns (logits [B, n], their token ids [B, n]) over n candidates, or
+    (logits [B, V], None) over the whole vocabulary; filtered-out entries are -inf. Temperature 0 (greedy) returns
+    the penalised logits: the filters never move their argmax.
+
+    The candidates are what makes it cheap: with top-k only the k largest are filtered (unless some logit ties
+    with the k-th, which HF keeps too); top-p alone first looks among the top NUCLEUS_CANDIDATES, which hold the
+    whole nucleus whenever their probability already reaches p (the nucleus is a prefix of the ranking)."""
     logits = logits.float()
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, settings.repetition_penalty)
     if settings.temperature == 0:
-        return logits
+        return logits, None
     if settings.temperature != 1.0:
         logits = logits / settings.temperature
-    logits = top_k_filter(logits, settings.top_k)
-    return top_p_filter(logits, settings.top_p)
-
-
-NUCLEUS_CANDIDATES = 256  # top-p first looks among this many tokens; sorting all 50k costs ~20x more
-
-
-def next_token_probs(logits: torch.Tensor, settings: SamplingSettings, seen: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The distribution sample_next draws from: (probs [B, n], token ids [B, n]) over n candidates, or
-    (probs [B, V], None) over the whole vocabulary. Equal to softmax(process_logits(...)), computed cheaply:
-    with top-k only the k candidates are filtered; top-p alone first tries the top NUCLEUS_CANDIDATES tokens, which
-    hold the whole nucleus whenever their probability already reaches p (the nucleus is a prefix of the ranking)."""
-    logits = logits.float()
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, settings.repetition_penalty)
-    logits = logits / settings.temperature
     V = logits.size(-1)
-    if 0 < settings.top_k < V:
-        # topk keeps exactly k; HF also keeps tokens tied with the k-th, which differs only on exact float ties
-        values, ids = torch.topk(logits, settings.top_k, dim=-1)
-        return torch.softmax(top_p_filter(values, settings.top_p), dim=-1), ids
-    if settings.top_p >= 1.0:
-        return torch.softmax(logits, dim=-1), None
-    values, ids = torch.topk(logits, min(NUCLEUS_CANDIDATES, V), dim=-1)  # sorted, most likely first
-    probs = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True))
-    if bool((probs.sum(dim=-1) >= settings.top_p).all()):
-        keep = (probs.cumsum(dim=-1) - probs) < settings.top_p  # HF: drop where the ascending cumsum <= 1 - p
-        keep[:, 0] = True
-        probs = probs * keep
-        return probs / probs.sum(dim=-1, keepdim=True), ids
-    return torch.softmax(top_p_filter(logits, settings.top_p), dim=-1), None
+    k = settings.top_k
+    if 0 < k < V:
+        values, ids = torch.topk(logits, k + 1, dim=-1)  # one more: a tie with the k-th shows as an equal (k+1)-th
+        if not bool((values[..., k] == values[..., k - 1]).any()):
+            return top_p_filter(values[..., :k], settings.top_p), ids[..., :k]
+        return top_p_filter(top_k_filter(logits, k), settings.top_p), None
+    if settings.top_p < 1.0:
+        values, ids = torch.topk(logits, min(NUCLEUS_CANDIDATES, V), dim=-1)
+        log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)
+        if bool((torch.exp(values - log_norm).sum(dim=-1) >= settings.top_p).all()):
+            return top_p_filter(values, settings.top_p, log_norm), ids
+    return top_p_filter(logits, settings.top_p), None
+
+
+def process_logits(logits: torch.Tensor, settings: SamplingSettings, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """`sampling_logits` over the whole vocabulary, [B, V]: what HF's chain of logits processors returns."""
+    values, ids = sampling_logits(logits, settings, seen)
+    if ids is None:
+        return values
+    return torch.full(logits.shape, float("-inf"), device=values.device).scatter_(-1, ids, values)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -138,11 +147,13 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
 
 def sample_next(logits: torch.Tensor, settings: SamplingSettings, seen: torch.Tensor | None = None,
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [B, V] -> next token ids [B]. Temperature 0 takes the argmax (first index on ties)."""
+    """logits [B, V] -> next token ids [B], drawn from softmax(sampling_logits). Temperature 0 takes the argmax
+    (first index on ties)."""
+    values, ids = sampling_logits(logits, settings, seen)
     if settings.temperature == 0:
-        return process_logits(logits, settings, seen).argmax(dim=-1)
-    probs, ids = next_token_probs(logits, settings, seen)
-    choice = draw(probs, generator)
+        choice = values.argmax(dim=-1)
+    else:
+        choice = draw(torch.softmax(values, dim=-1), generator)
     if ids is not None:
         choice = ids.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
     return choice
@@ -160,8 +171,9 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 # --- decoders -------------------------------------------------------------------------------------------------------
 
-class _Window:
-    """The tokens the model currently sees, [B, <= block_size], kept in a preallocated buffer.
+class _WindowDecoder:
+    """What both decoders share: the tokens the model currently sees, [B, <= block_size], kept in a preallocated
+    buffer, their sliding policy, and the prefill.
 
     Past block_size the window slides: the oldest `shift` tokens are dropped in one go and the rest is run again
     from position 0. Learned and sinusoidal positions are absolute, so cached keys of a shifted window are stale and
@@ -174,7 +186,7 @@ class _Window:
         self.block_size = model.config.block_size
         self.shift = shift or max(1, self.block_size // 4)
         if not 1 <= self.shift <= self.block_size:
-            raise ValueError(f"window shift {self.shift} must lie in [1, block_size = {self.block_size}]")
+            raise ParamError("window_shift", f"{self.shift} must lie in [1, block_size = {self.block_size}]")
         device = model.wte.weight.device
         self.tokens = torch.zeros(batch_size, self.block_size, dtype=torch.long, device=device)
         self.length = 0
@@ -209,7 +221,7 @@ class _Window:
         raise NotImplementedError
 
 
-class CachedDecoder(_Window):
+class CachedDecoder(_WindowDecoder):
     """Prefill once, then one token per step through a static KVCache (see model/kv_cache.py for its layout)."""
 
     def __init__(self, model: GPT, batch_size: int, shift: int = 0, max_len: int | None = None):
@@ -234,7 +246,7 @@ class CachedDecoder(_Window):
         return logits[:, -1]
 
 
-class RecomputeDecoder(_Window):
+class RecomputeDecoder(_WindowDecoder):
     """The reference: every step runs the model over the whole window, no cache."""
 
     @torch.inference_mode()
@@ -256,7 +268,7 @@ def as_batch(prompt: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], dev
     if idx.dim() == 1:
         idx = idx.unsqueeze(0)
     if idx.dim() != 2 or idx.size(1) == 0:
-        raise ValueError("the prompt must hold at least one token")
+        raise ParamError("prompt", "must hold at least one token")
     return idx
 
 

@@ -17,6 +17,7 @@ from model.checkpoint import Checkpoint, imported_run_config, load_state
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.hf_gpt2 import GPT2_VOCAB, state_from_external
+from model.param_error import ParamError
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -80,8 +81,8 @@ def load_nanogpt(ckpt_path: str | Path, meta_path: str | Path | None = None,
     elif config.vocab_size >= GPT2_VOCAB:
         tokenizer = gpt2_tokenizer()
     else:
-        raise ValueError(f"{path}: vocab_size {config.vocab_size} is not GPT-2's and there is no meta.pkl beside "
-                         "it; pass --meta data/<dataset>/meta.pkl")
+        raise ParamError("meta_path", f"{path}: vocab_size {config.vocab_size} is not GPT-2's and there is no "
+                         "meta.pkl beside it; give the dataset's meta.pkl (data/<dataset>/meta.pkl)")
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"{meta}: {tokenizer.vocab_size} characters, but the model has only {config.vocab_size}")
     return Checkpoint(model=model, tokenizer=tokenizer, config=imported_run_config(config, tokenizer.name), path=path)

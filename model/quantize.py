@@ -20,24 +20,26 @@ import warnings
 import torch
 from torch import nn
 
+from model.param_error import ParamError
+
 QUANTIZE_CHOICES = ("none", "int8")
 
 
 def check_quantize(mode: str, device: torch.device, dtype: torch.dtype) -> None:
-    """Raise ValueError (one line, in command-line words) when `mode` cannot run on this device and dtype."""
+    """Raise a ParamError naming `quantize` (and `dtype`) when `mode` cannot run on this device and dtype."""
     if mode not in QUANTIZE_CHOICES:
-        raise ValueError(f"--quantize: unknown value {mode!r} (choose from {', '.join(QUANTIZE_CHOICES)})")
+        raise ParamError("quantize", f"unknown value {mode!r} (choose from {', '.join(QUANTIZE_CHOICES)})")
     if mode == "none":
         return
     if device.type == "cpu":
         if dtype != torch.float32:
-            raise ValueError(f"--quantize int8 on cpu needs --dtype float32 (fbgemm's int8 kernel takes fp32 "
-                             f"activations), not {str(dtype).removeprefix('torch.')}")
+            raise ParamError("quantize", f"int8 on cpu needs {{dtype}} float32 (fbgemm's int8 kernel takes fp32 "
+                             f"activations), not {str(dtype).removeprefix('torch.')}", mentions=("dtype",))
         if not _cpu_engine():
-            raise ValueError("--quantize int8 on cpu needs torch's fbgemm/x86 quantized engine, which this build "
-                             "of torch lacks")
+            raise ParamError("quantize", "int8 on cpu needs torch's fbgemm/x86 quantized engine, which this "
+                             "build of torch lacks")
     elif device.type != "cuda":
-        raise ValueError(f"--quantize int8 runs on cpu or cuda, not {device.type}")
+        raise ParamError("quantize", f"int8 runs on cpu or cuda, not {device.type}")
 
 
 def _cpu_engine() -> str | None:

@@ -23,7 +23,8 @@ def data_location(data_dir: str | os.PathLike, checkpoint_dir: str | os.PathLike
 
 
 def find_data_dir(checkpoint_dir: Path, config: dict, override: str | None = None) -> Path:
-    """The prepared data folder the run trained on; a one-line ValueError saying what to pass when none is found."""
+    """The prepared data folder the run trained on (`override`: the caller's guess, tried alone); a one-line
+    ValueError saying where it looked and which text it wants when none is found."""
     where = config.get(KEY) or {}
     want = where.get("text_sha256")
     if override:
@@ -33,7 +34,7 @@ def find_data_dir(checkpoint_dir: Path, config: dict, override: str | None = Non
         candidates = [Path(checkpoint_dir) / where["dir_from_checkpoint"]] if where.get("dir_from_checkpoint") else []
         candidates += [Path(p) for p in (where.get("dir"), named) if p]
     if not candidates:
-        raise ValueError(f"{checkpoint_dir}: the checkpoint names no data folder; pass --data-dir DIR or --text-file FILE")
+        raise ValueError(f"{checkpoint_dir}: the checkpoint names no data folder")
     other = None
     for folder in dict.fromkeys(c.resolve() for c in candidates):
         try:
@@ -43,10 +44,8 @@ def find_data_dir(checkpoint_dir: Path, config: dict, override: str | None = Non
         if want is None or sha == want:
             return folder
         other = other or folder
-    hint = f" (text sha256 {want[:12]}...)" if want else ""
+    hint = f" (its text has sha256 {want[:12]}...)" if want else ""
     if other is not None:
-        raise ValueError(f"data folder {other} holds other text than {checkpoint_dir} was trained on; pass --data-dir "
-                         f"with the prepared folder it used{hint}, or --text-file FILE")
+        raise ValueError(f"data folder {other} holds other text than {checkpoint_dir} was trained on{hint}")
     looked = ", ".join(str(c) for c in dict.fromkeys(candidates))
-    raise ValueError(f"the data folder of {checkpoint_dir} was not found (looked in {looked}); pass --data-dir with "
-                     f"the prepared folder{hint}, or --text-file FILE")
+    raise ValueError(f"the data folder of {checkpoint_dir} was not found (looked in {looked}){hint}")

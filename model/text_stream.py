@@ -14,6 +14,7 @@ import torch
 
 from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, stream_tokens
+from model.param_error import ParamError
 
 
 class TextStream:
@@ -67,6 +68,22 @@ class TextStream:
         return best
 
 
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """The token ids a generation starts from: `text` encoded, or, when that is nothing, the tokenizer's own start
+    (`Tokenizer.start_ids`: end-of-text, else a newline), never an arbitrary id. A tokenizer's complaint (a
+    character outside a char vocabulary) becomes a one-line ParamError naming `prompt`."""
+    try:
+        ids = list(tokenizer.encode(text))
+    except (KeyError, ValueError) as e:
+        raise ParamError("prompt", f"cannot be tokenized with this model's tokenizer ({e})") from None
+    if ids:
+        return ids
+    try:
+        return tokenizer.start_ids()
+    except ValueError as e:
+        raise ParamError("prompt", f"empty, and {e}") from None
+
+
 def stream_text(model: GPT, tokenizer, prompt_ids: Sequence[int], max_new_tokens: int,
                 settings: SamplingSettings | None = None, *, num_samples: int = 1, stop: Sequence[str] = (),
                 generator: torch.Generator | None = None, stop_at_eot: bool = True, cached: bool = True,
@@ -74,7 +91,7 @@ def stream_text(model: GPT, tokenizer, prompt_ids: Sequence[int], max_new_tokens
     """Yield (sample index, text chunk) as tokens arrive; all samples decode together as one batch and the batch
     stops as soon as every sample has hit a stop string, end-of-text, or max_new_tokens."""
     if num_samples < 1:
-        raise ValueError(f"--num-samples: {num_samples} must be >= 1")
+        raise ParamError("num_samples", f"{num_samples} must be >= 1")
     streams = [TextStream(tokenizer, stop, stop_at_eot) for _ in range(num_samples)]
     batch = [list(prompt_ids)] * num_samples
     tokens = stream_tokens(model, batch, max_new_tokens, settings, generator=generator, cached=cached,
@@ -99,11 +116,7 @@ def generate_text(model: GPT, tokenizer, prompt: str, max_new_tokens: int, setti
                   *, num_samples: int = 1, stop: Sequence[str] = (), seed: int | None = None,
                   stop_at_eot: bool = True) -> list[str]:
     """The continuations (prompt not included) of `num_samples` samples, as strings."""
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        if tokenizer.eot_id is None:
-            raise ValueError("the prompt is empty and the tokenizer has no end-of-text token to start from")
-        ids = [tokenizer.eot_id]
+    ids = encode_prompt(tokenizer, prompt)
     texts = [""] * num_samples
     gen = make_generator(seed, model.wte.weight.device)
     for row, chunk in stream_text(model, tokenizer, ids, max_new_tokens, settings, num_samples=num_samples,

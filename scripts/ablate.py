@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from experiments.variants import VARIANTS
-from scripts.cli import add_config_options, make_parser, resolve_config, run_main
+from scripts.cli import add_config_options, flag_errors, make_parser, resolve_config, run_main
 from train.config_io import read_toml
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "ablation.toml"
@@ -71,6 +71,7 @@ def _positive(name: str, values: list[int]) -> list[int]:
     return values
 
 
+@flag_errors(build_parser, variant="--variants")
 def main() -> int:
     args = build_parser().parse_args()
     cfg = resolve_config(args)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scripts.cli import Parser, run_main
+from scripts.cli import Parser, flag_errors, run_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +58,7 @@ def film(run: str, out: str) -> int:
     return 0
 
 
+@flag_errors(build_parser)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

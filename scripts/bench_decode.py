@@ -31,7 +31,7 @@ from model.config import ModelConfig
 from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, stream_tokens
 from model.quantize import Int8Linear, check_quantize, import_torchao, quantize_model
-from scripts.cli import run_main
+from scripts.cli import flag_errors, run_main
 from scripts.inference_args import HelpFormatter, load_model, pick_device
 
 
@@ -199,6 +199,7 @@ def agreement(toks: torch.Tensor, reference: torch.Tensor) -> str:
     return f"{prefix}/{same.numel()} prefix, {same.float().mean().item():.0%} equal"
 
 
+@flag_errors(build_parser)
 def main() -> int:
     args = build_parser().parse_args()
     if args.threads:

@@ -4,11 +4,13 @@ errors. The config system itself (TOML, types, overrides) is train.config_io; th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from dataclasses import fields
 from typing import Callable, get_type_hints
 
+from model.param_error import ParamError
 from train.config import RunConfig
 from train.config_io import SECTIONS, apply_overrides, field_help, section_classes
 
@@ -48,6 +50,35 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     cfg = apply_overrides(cfg, {dest: text for dest, text in vars(args).items() if "." in dest and text is not None})
     cfg.validate()
     return cfg
+
+
+def option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> long option string (`top_k` -> `--top-k`) of every option of `parser` and of its subcommands."""
+    names: dict[str, str] = {}
+    for action in parser._actions:  # argparse lists its options nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names = {**option_names(sub), **names}
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long:
+            names.setdefault(action.dest, long[0])
+    return names
+
+
+def flag_errors(build_parser: Callable[[], argparse.ArgumentParser], **aliases: str) -> Callable:
+    """Decorate a script's main so that a library's ParamError names the flags the user typed: the parameter
+    `top_p` becomes this parser's `--top-p` (the option whose dest it is, or `aliases[param]`); a parameter the
+    script has no flag for keeps its name."""
+    def decorate(main: Callable) -> Callable:
+        @functools.wraps(main)
+        def run(*args, **kwargs):
+            try:
+                return main(*args, **kwargs)
+            except ParamError as e:
+                names = {**option_names(build_parser()), **aliases}
+                raise ValueError(e.render(lambda p: names.get(p, p))) from e
+        return run
+    return decorate
 
 
 def run_main(main: Callable[[], int | None]) -> None:

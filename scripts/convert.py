@@ -21,7 +21,7 @@ from pathlib import Path
 from model.checkpoint import load_any, save_checkpoint
 from model.hf_folder import ARCHS, check_logged_in, check_out_dir, choose_arch, export_hf, load_hf, push_to_hub
 from model.nanogpt import load_nanogpt
-from scripts.cli import run_main
+from scripts.cli import flag_errors, run_main
 from scripts.inference_args import HelpFormatter
 
 
@@ -69,6 +69,7 @@ def to_hf(args: argparse.Namespace) -> None:
         print(f"pushed to {push_to_hub(args.out, args.push_to_hub, private=args.private)}")
 
 
+@flag_errors(build_parser, meta_path="--meta")
 def main() -> int:
     args = build_parser().parse_args()
     try:

@@ -22,9 +22,9 @@ import torch
 from tqdm import tqdm
 
 from model.checkpoint import Checkpoint
-from scripts.cli import run_main
+from scripts.cli import flag_errors, run_main
 from model.quantize import check_quantize, quantize_model
-from scripts.inference_args import HelpFormatter, add_model_options, load_model, pick_device, pick_dtype
+from scripts.inference_args import HelpFormatter, add_model_options, load_model, placement
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,10 @@ def split_tokens(ckpt: Checkpoint, split: str, max_tokens: int = 0, data_dir: st
     from data.loader import ShardLoader
     from model.run_data import find_data_dir
 
-    found = find_data_dir(ckpt.path, ckpt.config, data_dir)
+    try:
+        found = find_data_dir(ckpt.path, ckpt.config, data_dir)
+    except ValueError as e:
+        raise ValueError(f"{e}; pass --data-dir with the prepared folder it used, or --text-file FILE") from None
     data_dir = str(found.relative_to(Path.cwd()) if found.is_relative_to(Path.cwd()) else found)
     loader = ShardLoader(data_dir, split, 1, 1, 0)
     meta = loader.meta
@@ -148,14 +151,14 @@ def print_table(results: list[dict]) -> None:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
 
 
+@flag_errors(build_parser)
 def main() -> int:
     args = build_parser().parse_args()
     if args.max_tokens < 0:
         raise ValueError(f"--max-tokens: {args.max_tokens} must be >= 0")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: {args.batch_size} must be >= 1")
-    device = pick_device(args.device)
-    check_quantize(args.quantize, device, pick_dtype(args.dtype, device))  # before any checkpoint is read
+    check_quantize(args.quantize, *placement(args.device, args.dtype))  # before any checkpoint is read
     results = [evaluate_one(spec, args) for spec in args.ckpt]
     if args.json:
         json.dump(results, sys.stdout, indent=2)

@@ -6,8 +6,8 @@ import argparse
 
 import torch
 
+from train import runtime
 from train.runtime import DTYPES
-from train.runtime import pick_device as runtime_pick_device
 
 from model.checkpoint import Checkpoint, load_any
 from model.quantize import QUANTIZE_CHOICES, check_quantize, quantize_model
@@ -26,7 +26,8 @@ def add_model_options(parser: argparse.ArgumentParser, many: bool = False) -> No
         parser.add_argument("--ckpt", required=True, help=what)
     parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu) | cpu | cuda | cuda:N | mps")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                        help="weights and cache dtype; auto = bfloat16 on CUDA, float32 elsewhere")
+                        help="weights and cache dtype; auto = bfloat16 on a CUDA GPU with native bf16 (float16 on "
+                             "older ones), float32 on CPU and elsewhere (train/runtime.py, pick_dtype)")
     add_quantize_option(parser)
 
 
@@ -38,22 +39,20 @@ def add_quantize_option(parser: argparse.ArgumentParser) -> None:
 
 
 def pick_device(name: str) -> torch.device:
-    return runtime_pick_device(name, option="--device")
+    return runtime.pick_device(name, option="--device")
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return DTYPES[name]
+def placement(device_name: str, dtype_name: str) -> tuple[torch.device, torch.dtype]:
+    """The device and the weights' dtype of --device and --dtype, by the trainer's own functions (one auto rule;
+    the weights are cast, not autocast)."""
+    device = pick_device(device_name)
+    return device, runtime.pick_dtype(dtype_name, device, autocast=False, option="--dtype")
 
 
 def load_model(spec: str, device_name: str, dtype_name: str, quantize: str = "none") -> Checkpoint:
     """Load any supported checkpoint on the chosen device, cast to the chosen dtype, quantized as asked, in eval
     mode. A quantization the device or dtype cannot run is refused before anything is read."""
-    device = pick_device(device_name)
-    dtype = pick_dtype(dtype_name, device)
+    device, dtype = placement(device_name, dtype_name)
     check_quantize(quantize, device, dtype)
     ckpt = load_any(spec, device)
     ckpt.model.to(dtype=dtype).eval()

@@ -5,9 +5,10 @@ into data.dir, and prints what it wrote. A rerun with the same settings and the 
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from scripts.cli import add_config_options, make_parser, resolve_config, run_main
+from scripts.cli import add_config_options, flag_errors, make_parser, resolve_config, run_main
 
 
 def summary(directory: Path) -> str:
@@ -24,10 +25,15 @@ def summary(directory: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = make_parser("python -m scripts.prepare", __doc__)
     add_config_options(parser, sections=("data",))
-    cfg = resolve_config(parser.parse_args())
+    return parser
+
+
+@flag_errors(build_parser)
+def main() -> int:
+    cfg = resolve_config(build_parser().parse_args())
     from data.prepare import prepare  # after parsing, so -h and config errors answer at once
 
     print(summary(prepare(cfg.data)))

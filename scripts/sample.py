@@ -5,7 +5,7 @@
   python -m scripts.sample --ckpt checkpoints/shakespeare_char -i        # a prompt per line until end of input
 
 The prompt comes from --prompt, else --prompt-file, else standard input when it is not a terminal, else "\\n".
-An empty prompt starts from the end-of-text token when the tokenizer has one. With --num-samples N the samples
+An empty prompt starts from the tokenizer's start token (end-of-text; a newline for a char vocabulary). With --num-samples N the samples
 decode together as one batch and are printed one after another, separated by a line of dashes.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from model.inference import SamplingSettings, check_max_new_tokens, make_generator
-from model.text_stream import stream_text
-from scripts.cli import run_main
+from model.text_stream import encode_prompt, stream_text
+from scripts.cli import flag_errors, run_main
 from train.config_io import unescape
 from scripts.inference_args import HelpFormatter, add_model_options, load_model
 
@@ -60,15 +60,6 @@ def read_prompt(args: argparse.Namespace) -> str:
     return "\n"
 
 
-def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    ids = tokenizer.encode(prompt)
-    if ids:
-        return ids
-    if tokenizer.eot_id is not None:
-        return [tokenizer.eot_id]
-    raise ValueError("the prompt is empty and this tokenizer has no end-of-text token to start from")
-
-
 def validate(args: argparse.Namespace) -> SamplingSettings:
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
     settings.validate()
@@ -83,7 +74,7 @@ def validate(args: argparse.Namespace) -> SamplingSettings:
 
 
 def run_one(ckpt, args, settings, gen, prompt: str, echo: bool) -> None:
-    ids = prompt_ids(ckpt.tokenizer, prompt)
+    ids = encode_prompt(ckpt.tokenizer, prompt)
     if args.window_shift > ckpt.model.config.block_size:
         raise ValueError(f"--window-shift: {args.window_shift} exceeds block_size {ckpt.model.config.block_size}")
     texts = [""] * args.num_samples
@@ -122,6 +113,7 @@ def interactive(ckpt, args, settings, gen) -> None:
             print(f"error: {e}", file=sys.stderr, flush=True)
 
 
+@flag_errors(build_parser)
 def main() -> int:
     args = build_parser().parse_args()
     settings = validate(args)

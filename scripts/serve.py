@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from model.inference import MAX_NEW_TOKENS
-from scripts.cli import run_main
+from scripts.cli import flag_errors, run_main
 from scripts.inference_args import HelpFormatter, add_model_options, load_model
 from serve.app import create_app
 from serve.engine import Engine
@@ -64,6 +64,7 @@ def model_name(spec: str) -> str:
     return path.stem if path.suffix == ".pt" else path.name or spec
 
 
+@flag_errors(build_parser)
 def main() -> int:
     args = build_parser().parse_args()
     validate(args)

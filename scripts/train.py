@@ -4,13 +4,20 @@ Also under torchrun: `torchrun --nproc_per_node=N -m scripts.train --config ...`
 """
 from __future__ import annotations
 
-from scripts.cli import add_config_options, make_parser, resolve_config, run_main
+import argparse
+
+from scripts.cli import add_config_options, flag_errors, make_parser, resolve_config, run_main
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = make_parser("python -m scripts.train", __doc__)
     add_config_options(parser)
-    cfg = resolve_config(parser.parse_args())
+    return parser
+
+
+@flag_errors(build_parser)
+def main() -> int:
+    cfg = resolve_config(build_parser().parse_args())
     from train.loop import train  # after parsing, so -h and config errors answer at once
 
     train(cfg)

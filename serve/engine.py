@@ -30,6 +30,7 @@ from model.checkpoint import unwrap
 from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, sample_next
 from model.kv_cache import KVCache, RowKVCache
+from model.param_error import ParamError
 from model.text_stream import TextStream
 
 
@@ -77,7 +78,7 @@ class _Row:
 class Engine:
     def __init__(self, model: GPT, tokenizer, max_batch: int = 8, window_shift: int = 0, gather_s: float = 0.003):
         if max_batch < 1:
-            raise ValueError(f"--max-batch: {max_batch} must be >= 1")
+            raise ParamError("max_batch", f"{max_batch} must be >= 1")
         self.model = unwrap(model).eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch

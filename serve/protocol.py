@@ -2,7 +2,7 @@
 
 Every bad field raises `BadRequest` naming it (the HTTP layer turns it into a 400 with an OpenAI-style error
 object). Sampling values are checked by `SamplingSettings.validate`, so they mean exactly what they mean in
-`scripts.sample`; only its option names are translated to the JSON field names.
+`scripts.sample`; the parameter its ParamError names is the JSON field of the same name.
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from model.inference import SamplingSettings
+from model.param_error import ParamError
+from model.text_stream import encode_prompt as prompt_ids
 
 MAX_LOGPROBS = 20  # alternatives per token; OpenAI allows 5
 
@@ -88,7 +90,7 @@ def parse_completion(body: object, limits: Limits) -> CompletionParams:
         raise BadRequest("model", "model: expected a string")
     p = CompletionParams(prompts=_strings(body, "prompt", required=True))
     p.max_tokens = _int(body, "max_tokens", 16, lo=1, hi=limits.max_tokens, why_hi=" new tokens per request")
-    p.n = _int(body, "n", 1, lo=1, hi=limits.max_batch, why_hi=" (the server's --max-batch)")
+    p.n = _int(body, "n", 1, lo=1, hi=limits.max_batch, why_hi=" (the server's max_batch)")
     p.logprobs = _int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
     p.seed = _int(body, "seed", None)
     p.stop = _strings(body, "stop", required=False)
@@ -97,10 +99,8 @@ def parse_completion(body: object, limits: Limits) -> CompletionParams:
                                 repetition_penalty=_number(body, "repetition_penalty", 1.0))
     try:
         settings.validate()
-    except ValueError as e:  # "--top-p: 0 must lie in (0, 1]" -> field top_p
-        option, _, rest = str(e).partition(":")
-        name = option.lstrip("-").replace("-", "_")
-        raise BadRequest(name, f"{name}:{rest}") from None
+    except ParamError as e:  # its parameters are named as the request's fields
+        raise BadRequest(e.param, str(e)) from None
     p.settings = settings
     for key in ("stream", "echo"):
         if not isinstance(body.get(key, False) or False, bool):
@@ -116,15 +116,12 @@ def parse_completion(body: object, limits: Limits) -> CompletionParams:
 
 
 def encode_prompt(tokenizer, text: str, limits: Limits) -> list[int]:
-    """The prompt's token ids; an empty prompt starts from end-of-text where the tokenizer has one."""
+    """The prompt's token ids (an empty prompt starts from the tokenizer's start, `model.text_stream.encode_prompt`),
+    at most the model's context."""
     try:
-        ids = list(tokenizer.encode(text))
-    except (KeyError, ValueError) as e:  # a character outside a char vocabulary
-        raise BadRequest("prompt", f"prompt: cannot be tokenized with this model's tokenizer ({e})") from None
-    if not ids:
-        if tokenizer.eot_id is None:
-            raise BadRequest("prompt", "prompt: empty, and this tokenizer has no end-of-text token to start from")
-        ids = [tokenizer.eot_id]
+        ids = prompt_ids(tokenizer, text)
+    except ParamError as e:  # a character outside a char vocabulary
+        raise BadRequest(e.param, str(e)) from None
     if len(ids) > limits.context:
         raise BadRequest("prompt", f"prompt: {len(ids)} tokens; the model's context holds at most {limits.context}")
     return ids

@@ -10,6 +10,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from model.param_error import ParamError
 from serve.engine import Engine
 
 
@@ -22,8 +23,8 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise OSError(f"--port: {port} on {host} is already in use") from None
-        raise OSError(f"--host {host} --port {port}: cannot bind ({e.strerror})") from None
+            raise ParamError("port", f"{port} on {host} is already in use") from None
+        raise ParamError("host", f"{host} with {{port}} {port}: cannot bind ({e.strerror})", mentions=("port",)) from None
     sock.listen(128)
     return sock
 

@@ -12,6 +12,7 @@ import pytest
 
 import data.encode
 import data.prepare
+from data.atomic import is_temp_name, temp_name
 from data.config import DataConfig
 from data.corpus import byte_offset, chunks, read_range, split_point
 from data.loader import ShardLoader
@@ -28,7 +29,7 @@ def shard_tokens(folder: Path, split: str) -> np.ndarray:
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+    return sorted(p.name for p in folder.iterdir() if is_temp_name(p.name))
 
 
 def tiny_cfg(folder: Path, **kw) -> DataConfig:
@@ -269,7 +270,7 @@ def test_failed_prepare_leaves_nothing_a_later_run_would_use(tmp_path, monkeypat
 def test_stale_temp_files_of_dead_runs_are_cleaned(tmp_path):
     folder = tmp_path / "o"
     folder.mkdir()
-    (folder / ".train_0000.bin.999999999.tmp").write_bytes(b"partial")
+    temp_name(folder / "train_0000.bin", pid=999999999).write_bytes(b"partial")  # a dead writer's
     (folder / "notes.txt").write_text("mine")
     prepare(tiny_cfg(folder), verbose=False)
     assert leftovers(folder) == [] and (folder / "notes.txt").exists()

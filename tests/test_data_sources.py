@@ -168,7 +168,7 @@ def test_tinyshakespeare_download_is_fetched_once_and_reused(tmp_path):
 
 
 def test_tinyshakespeare_download_failure_says_what_to_do(tmp_path):
-    with pytest.raises(ValueError, match="could not download .* pass --data.path") as err:
+    with pytest.raises(ValueError, match="could not download .* set data.path to a local copy") as err:
         download_tinyshakespeare(tmp_path / "d", (tmp_path / "absent.txt").as_uri())
     assert "\n" not in str(err.value)
     assert not (tmp_path / "d" / "tinyshakespeare.txt").exists()

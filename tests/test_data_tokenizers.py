@@ -169,3 +169,21 @@ def test_load_rejects_broken_files_with_one_line(tmp_path, content, message):
     with pytest.raises(ValueError, match=message) as err:
         load_tokenizer(tmp_path)
     assert "\n" not in str(err.value)
+
+
+# --- where generation from an empty prompt starts --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["char", "gpt2", "bpe"])
+def test_start_ids_are_the_tokenizers_own_start_never_id_0(kind, small_bpe, tiny_text):
+    # a tab sorts before the newline, so the char start is not id 0 either (with Shakespeare alone it would be)
+    tok = {"char": lambda: CharTokenizer.from_text("\t" + tiny_text), "gpt2": gpt2_tokenizer,
+           "bpe": lambda: small_bpe}[kind]()
+    start = tok.start_ids()
+    expected = {"char": [1], "gpt2": [50256], "bpe": [599]}[kind]  # end-of-text where there is one, else "\n"
+    assert start == expected
+    assert tok.decode(start) == ("\n" if kind == "char" else "<|endoftext|>")
+
+
+def test_a_char_vocabulary_without_newline_has_no_start():
+    with pytest.raises(ValueError, match="neither an end-of-text token nor a newline"):
+        CharTokenizer.from_text("abc").start_ids()

@@ -141,7 +141,7 @@ def test_zero_new_tokens_returns_the_prompt_and_bad_prompts_are_refused():
     assert generate(model, [1, 2], 0).tolist() == [[1, 2]]
     with pytest.raises(ValueError, match="at least one token"):
         generate(model, [], 5)
-    with pytest.raises(ValueError, match="window shift"):
+    with pytest.raises(ValueError, match="window_shift: 33 must lie in"):
         CachedDecoder(model, 1, shift=33)
 
 

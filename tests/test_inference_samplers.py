@@ -15,8 +15,9 @@ import math
 import pytest
 import torch
 
-from model.inference import (SamplingSettings, apply_repetition_penalty, check_max_new_tokens, draw, next_token_probs,
-                             process_logits, sample_next, top_k_filter, top_p_filter)
+from model.param_error import ParamError
+from model.inference import (NUCLEUS_CANDIDATES, SamplingSettings, apply_repetition_penalty, check_max_new_tokens,
+                             draw, process_logits, sample_next, sampling_logits, top_k_filter, top_p_filter)
 
 NEG = float("-inf")
 
@@ -67,17 +68,54 @@ def test_temperature_zero_is_greedy_even_with_a_generator():
     assert torch.equal(out, logits.argmax(-1))
 
 
-@pytest.mark.parametrize("settings", [SamplingSettings(0.7, 0, 0.5), SamplingSettings(1.0, 0, 0.95),
-                                      SamplingSettings(1.3, 40, 0.8), SamplingSettings(1.0, 0, 0.3, 1.5),
-                                      SamplingSettings(2.0), SamplingSettings(1.0, 0, 0.999)])
-def test_the_sampled_distribution_is_softmax_of_the_processed_logits(settings):
+def _reference_chain(logits, settings, seen):
+    """The chain written out the slow way, every rule over the whole vocabulary."""
+    out = apply_repetition_penalty(logits.float(), seen, settings.repetition_penalty)
+    if settings.temperature == 0:
+        return out
+    return top_p_filter(top_k_filter(out / settings.temperature, settings.top_k), settings.top_p)
+
+
+# each one takes another path through sampling_logits: top-k candidates, the nucleus among the top
+# NUCLEUS_CANDIDATES, the nucleus beyond them (a flat distribution), the whole vocabulary, greedy
+PATHS = [(SamplingSettings(1.3, 40, 0.8), 4.0, "candidates"), (SamplingSettings(0.7, 0, 0.5), 4.0, "candidates"),
+         (SamplingSettings(1.0, 0, 0.95, 1.5), 4.0, "candidates"), (SamplingSettings(1.0, 0, 0.9), 0.1, "whole"),
+         (SamplingSettings(2.0), 4.0, "whole"), (SamplingSettings(1.0, 0, 0.999), 4.0, "whole"),
+         (SamplingSettings(0.0, 5, 0.5, 1.2), 4.0, "whole")]
+
+
+@pytest.mark.parametrize("settings, scale, path", PATHS)
+def test_every_path_of_the_chain_gives_the_reference_distribution(settings, scale, path):
     torch.manual_seed(0)
-    logits = torch.randn(3, 1000) * 4
+    logits = torch.randn(3, 1000) * scale
     seen = torch.rand(3, 1000) < 0.1
-    expected = torch.softmax(process_logits(logits, settings, seen), dim=-1)
-    probs, ids = next_token_probs(logits, settings, seen)
-    full = probs if ids is None else torch.zeros_like(expected).scatter_(1, ids, probs)
-    assert torch.allclose(full, expected, atol=1e-6)
+    values, ids = sampling_logits(logits, settings, seen)
+    assert (ids is not None) == (path == "candidates")
+    assert ids is None or values.size(-1) in (settings.top_k, NUCLEUS_CANDIDATES)
+    ref = _reference_chain(logits, settings, seen)
+    ours = process_logits(logits, settings, seen)
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(ref))  # the same tokens survive
+    assert torch.allclose(torch.softmax(ours, -1), torch.softmax(ref, -1), atol=1e-6)
+
+
+def test_a_tie_with_the_kth_logit_keeps_the_tied_tokens_as_hf_does():
+    logits = torch.tensor([[5.0, 1.0, 3.0, 3.0, 0.0, 3.0]])
+    kept = torch.isfinite(process_logits(logits, SamplingSettings(1.0, 2))).nonzero()[:, 1].tolist()
+    assert kept == [0, 2, 3, 5]
+    draws = {int(sample_next(logits, SamplingSettings(1.0, 2), generator=g)) for g in
+             [torch.Generator().manual_seed(0)] for _ in range(300)}
+    assert draws == {0, 2, 3, 5}
+
+
+def test_samples_come_only_from_the_kept_tokens():
+    torch.manual_seed(3)
+    logits = torch.randn(4, 500) * 3
+    s = SamplingSettings(0.9, 0, 0.6)
+    kept = torch.isfinite(process_logits(logits, s))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        token = sample_next(logits, s, generator=g)
+        assert kept[torch.arange(4), token].all()
 
 
 def test_draw_matches_the_probabilities_and_never_picks_zero():
@@ -97,19 +135,20 @@ def test_same_generator_seed_gives_the_same_draws():
     assert a == b
 
 
-@pytest.mark.parametrize("kwargs, option", [({"temperature": -0.1}, "--temperature"), ({"top_k": -1}, "--top-k"),
-                                            ({"top_p": 0.0}, "--top-p"), ({"top_p": 1.01}, "--top-p"),
-                                            ({"repetition_penalty": 0.0}, "--repetition-penalty"),
-                                            ({"temperature": math.nan}, "--temperature")])
-def test_bad_settings_name_the_option(kwargs, option):
-    with pytest.raises(ValueError, match=option):
+@pytest.mark.parametrize("kwargs, param", [({"temperature": -0.1}, "temperature"), ({"top_k": -1}, "top_k"),
+                                           ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"),
+                                           ({"repetition_penalty": 0.0}, "repetition_penalty"),
+                                           ({"temperature": math.nan}, "temperature")])
+def test_bad_settings_name_the_parameter(kwargs, param):
+    with pytest.raises(ParamError, match=f"^{param}: ") as e:
         SamplingSettings(**kwargs).validate()
+    assert e.value.param == param and "--" not in str(e.value)
 
 
 def test_max_new_tokens_bounds():
     check_max_new_tokens(0)
     for bad in (-1, 10**9):
-        with pytest.raises(ValueError, match="--max-new-tokens"):
+        with pytest.raises(ParamError, match="^max_new_tokens: "):
             check_max_new_tokens(bad)
 
 
@@ -145,13 +184,18 @@ def test_top_p_equals_transformers(p):
     assert torch.equal(top_p_filter(scores, p), lp.TopPLogitsWarper(p)(None, scores.clone()))
 
 
-def test_whole_chain_equals_transformers():
+@pytest.mark.parametrize("top_k, top_p, scale", [(60, 0.8, 2.0), (0, 0.8, 4.0), (0, 0.8, 0.1), (0, 1.0, 2.0)])
+def test_whole_chain_equals_transformers(top_k, top_p, scale):
+    """Through the top-k candidates, the nucleus candidates, the nucleus beyond them, and temperature alone."""
     lp = _hf()
     torch.manual_seed(2)
-    scores = torch.randn(2, 300) * 2
-    input_ids = torch.randint(0, 300, (2, 40))
-    seen = torch.zeros(2, 300, dtype=torch.bool).scatter_(1, input_ids, True)
-    chain = lp.LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(1.3), lp.TemperatureLogitsWarper(0.7),
-                                    lp.TopKLogitsWarper(60), lp.TopPLogitsWarper(0.8)])
-    ours = process_logits(scores, SamplingSettings(0.7, 60, 0.8, 1.3), seen)
-    assert torch.allclose(ours, chain(input_ids, scores.clone()))
+    scores = torch.randn(2, 3000) * scale
+    input_ids = torch.randint(0, 3000, (2, 40))
+    seen = torch.zeros(2, 3000, dtype=torch.bool).scatter_(1, input_ids, True)
+    chain = lp.LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(1.3), lp.TemperatureLogitsWarper(0.7)]
+                                   + ([lp.TopKLogitsWarper(top_k)] if top_k else [])
+                                   + ([lp.TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    ours = process_logits(scores, SamplingSettings(0.7, top_k, top_p, 1.3), seen)
+    hf = chain(input_ids, scores.clone())
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(hf))
+    assert torch.allclose(ours[torch.isfinite(ours)], hf[torch.isfinite(hf)])

@@ -83,3 +83,30 @@ def test_stream_text_matches_generate_and_stops_every_sample():
     cut = generate_text(model, tok, "abc", 60, SamplingSettings(temperature=1.0), num_samples=2, stop=[stop], seed=4)
     assert cut[0] == texts[0][:texts[0].index(stop)]
     assert all(stop not in t for t in cut)
+
+
+def test_an_empty_prompt_starts_from_the_tokenizers_start_token():
+    from model.text_stream import encode_prompt
+    from model.param_error import ParamError
+
+    char = CharTokenizer.from_text("\tab\n")  # "\n" is id 1
+    assert encode_prompt(char, "ab") == [2, 3] and encode_prompt(char, "") == [1]
+    assert encode_prompt(gpt2_tokenizer(), "") == [50256]
+    with pytest.raises(ParamError, match="^prompt: empty, and this tokenizer has neither"):
+        encode_prompt(CharTokenizer.from_text("ab"), "")
+    with pytest.raises(ParamError, match="^prompt: cannot be tokenized.*not in the char vocabulary"):
+        encode_prompt(char, "abc")
+
+
+def test_training_samples_from_an_empty_prompt_start_there_too():
+    """train.evaluation.draw_samples once fell back to token id 0 for a vocabulary without end-of-text."""
+    from train.evaluation import draw_samples
+
+    tok = CharTokenizer.from_text("\t\nabcdefghij")  # "\n" is id 1, "\t" id 0
+    model = tiny_model(vocab_size=tok.vocab_size)
+    got = draw_samples(model, tok, "", 12, seed=3, n=2)
+    ref = generate(model, [[1], [1]], 12, SamplingSettings(temperature=0.8, top_k=200), seed=3,
+                   vocab_limit=tok.vocab_size)
+    assert got == [tok.decode(row[1:].tolist()) for row in ref]
+    assert got != [tok.decode(row[1:].tolist()) for row in generate(
+        model, [[0], [0]], 12, SamplingSettings(temperature=0.8, top_k=200), seed=3, vocab_limit=tok.vocab_size)]

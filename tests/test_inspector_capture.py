@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from data.tokenizers import CharTokenizer
-from inspector.capture import capture_attention, encode_prompt, hook_points, token_strings
-from inspector.report import capture, probe_attention
+from inspector.capture import capture_attention, hook_points, token_strings
+from inspector.report import capture, inspect_attention, probe_attention
 from inspector.stats import label_head
 from model.config import ModelConfig
 from model.gpt import GPT
+from model.text_stream import encode_prompt
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
 
@@ -81,17 +82,21 @@ def test_capture_selects_heads_and_measures_induction(tok):
     assert cap.repeat_weights.shape == (1, 2, 72, 72)
     assert cap.repeat_ids[:36] == cap.repeat_ids[36:] and len(set(cap.repeat_ids)) == 36
     assert cap.tokens == list(TEXT) and cap.layers == [1] and cap.heads == [0, 2]
-    with pytest.raises(ValueError, match="--heads: 3 out of range 0..2"):
+    with pytest.raises(ValueError, match="^heads: 3 out of range 0..2"):
         capture(model, tok, ids, heads=[3])
     with pytest.raises(ValueError, match="at least 2 tokens"):
         capture(model, tok, ids[:1])
 
 
-def test_prompt_errors_are_one_line_value_errors(tok):
-    with pytest.raises(ValueError, match="empty prompt"):
-        encode_prompt(tok, "")
-    with pytest.raises(ValueError, match="--prompt: cannot tokenize.*not in the char vocabulary"):
-        encode_prompt(tok, "naïve")
+def test_prompt_errors_are_one_line_value_errors(tok, tmp_path):
+    model = tiny()
+    with pytest.raises(ValueError, match="^prompt: empty prompt"):
+        inspect_attention(model, tok, "", tmp_path)
+    with pytest.raises(ValueError, match="^prompt: cannot be tokenized.*not in the char vocabulary"):
+        inspect_attention(model, tok, "naïve", tmp_path)
+    with pytest.raises(ValueError, match="^prompt: 1 token: attention needs at least 2 tokens"):
+        inspect_attention(model, tok, "a", tmp_path)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
     assert token_strings(tok, tok.encode("a\nb")) == ["a", "\n", "b"]
 
 

@@ -54,7 +54,7 @@ def test_nanogpt_gpt2_vocab_without_meta_uses_gpt2_bpe(tmp_path):
 
 def test_nanogpt_small_vocab_without_meta_is_refused(tmp_path):
     path, _ = nanogpt_checkpoint(tmp_path, 13, compiled=False)
-    with pytest.raises(ValueError, match="--meta"):
+    with pytest.raises(ValueError, match="meta_path: .*no meta.pkl beside it"):
         load_nanogpt(path)
 
 

@@ -81,7 +81,7 @@ def test_fp32_decode_is_untouched_by_quantizing_a_copy():
 
 @pytest.mark.parametrize("mode, device, dtype, message", [
     ("int4", "cpu", torch.float32, "unknown value 'int4'"),
-    ("int8", "cpu", torch.bfloat16, "needs --dtype float32"),
+    ("int8", "cpu", torch.bfloat16, "quantize: int8 on cpu needs dtype float32"),
     ("int8", "mps", torch.float32, "runs on cpu or cuda, not mps"),
 ])
 def test_unsupported_requests_are_refused_in_one_line(mode, device, dtype, message):

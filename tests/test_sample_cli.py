@@ -128,9 +128,13 @@ def test_help_shows_every_option_with_its_default():
     assert text.count("(default:") == len(options)
 
 
-def test_empty_prompt_without_end_of_text_is_refused(ckpt_dir, monkeypatch, capsys):
-    code, _, err = run_main_inprocess(sample.main, ["--ckpt", str(ckpt_dir), "--prompt", ""], monkeypatch, capsys)
-    assert code == 2 and "empty" in err
+def test_empty_prompt_of_a_char_vocabulary_starts_from_a_newline(ckpt_dir, monkeypatch, capsys):
+    """A char vocabulary has no end-of-text token: its start is the newline its documents are separated by."""
+    code, out, _ = run_main_inprocess(sample.main, ["--ckpt", str(ckpt_dir), "--prompt", "", "--temperature", "0",
+                                                    "--max-new-tokens", "15"], monkeypatch, capsys)
+    ckpt = load_checkpoint(ckpt_dir)
+    ids = generate(ckpt.model, ckpt.tokenizer.encode("\n"), 15, SamplingSettings(temperature=0))
+    assert code == 0 and out == ckpt.tokenizer.decode(ids[0, 1:].tolist()) + "\n"
 
 
 def test_unescape_understands_newline_tab_and_backslash_only():

@@ -127,7 +127,7 @@ BAD = [
     ({"prompt": "a", "top_p": 0}, "top_p", "(0, 1]"),
     ({"prompt": "a", "top_p": 1.5}, "top_p", "(0, 1]"),
     ({"prompt": "a", "n": 0}, "n", ">= 1"),
-    ({"prompt": "a", "n": 9}, "n", "--max-batch"),
+    ({"prompt": "a", "n": 9}, "n", "max_batch"),
     ({"prompt": "a", "stop": 3}, "stop", "string"),
     ({"prompt": "a", "stream": "yes"}, "stream", "true or false"),
     ({"prompt": "a", "logprobs": 99}, "logprobs", "limit"),

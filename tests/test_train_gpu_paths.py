@@ -17,10 +17,10 @@ from model.checkpoint import load_trainer_state
 from model.gpt import GPT
 from train import trainer as loop
 from train.loop import train
-from train.state import rng_state, set_rng_state
+from train.rng import rng_state, set_rng_state
 
 ROOT = Path(__file__).resolve().parents[1]
-LOOP_FILES = {str(ROOT / "train" / f) for f in ("loop.py", "trainer.py", "collectives.py", "state.py")}
+LOOP_FILES = {str(ROOT / "train" / f) for f in ("loop.py", "trainer.py", "collectives.py", "state.py", "rng.py")}
 
 
 def test_rng_state_holds_and_restores_only_the_runs_own_gpu(monkeypatch):

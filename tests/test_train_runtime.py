@@ -125,6 +125,30 @@ def test_cuda_auto_dtype_is_bf16_only_where_native(monkeypatch, native):
     assert rt.needs_grad_scaler() == (not native)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_inference_auto_follows_the_same_rule_on_cuda_and_stays_fp32_on_cpu(monkeypatch, native):
+    """The scripts that cast the weights (sample, evaluate, serve) ask the same function, autocast=False."""
+    fake_cuda(monkeypatch, bf16_native=native)
+    monkeypatch.setattr(runtime, "cpu_has_amx", lambda: True)
+    cuda = torch.device("cuda", 0)
+    assert pick_dtype("auto", cuda, autocast=False) == pick_dtype("auto", cuda, 768)
+    assert pick_dtype("auto", CPU, 768, autocast=False) == torch.float32  # bf16 weights decode no faster on CPU
+    assert pick_dtype("auto", CPU, 768) == torch.bfloat16  # while the trainer's autocast there pays
+    assert pick_dtype("float16", CPU, autocast=False) == torch.float16  # cast weights may be fp16 anywhere
+    with pytest.raises(ValueError, match="^--dtype: 'int4' is not one of auto, float32"):
+        pick_dtype("int4", CPU, autocast=False, option="--dtype")
+
+
+def test_the_inference_scripts_place_models_through_it(monkeypatch):
+    from scripts.inference_args import placement
+
+    calls = []
+    real = runtime.pick_dtype
+    monkeypatch.setattr(runtime, "pick_dtype", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    assert placement("cpu", "auto") == (CPU, torch.float32)
+    assert calls == [{"autocast": False, "option": "--dtype"}]
+
+
 def test_a_resumed_run_keeps_its_dtype_only_on_the_same_kind_of_device(monkeypatch):
     cpu_fp32 = runtime.Runtime(device=CPU, dtype=torch.float32)
     kept = {"dtype": "bfloat16", "device_type": "cpu"}

@@ -15,7 +15,7 @@ from data.meta import read_meta
 from data.prepare import prepare
 from train.config import RunConfig
 from train.runtime import Runtime
-from train.state import rng_state
+from train.rng import rng_state
 
 T = TypeVar("T")
 
@@ -34,12 +34,18 @@ def from_rank0(rt: Runtime, obj: T) -> T:
     return box[0]
 
 
+def first_error(rt: Runtime, error: str) -> str:
+    """The lowest rank's non-empty `error`, on every rank ("" when every rank succeeded)."""
+    if not rt.distributed:
+        return error
+    errors: list = [None] * rt.world_size
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), "")
+
+
 def raise_if_any(rt: Runtime, error: str) -> None:
     """Every rank raises the first rank's error (ValueError), so none is left waiting for one that stopped."""
-    if rt.distributed:
-        errors: list = [None] * rt.world_size
-        dist.all_gather_object(errors, error)
-        error = next((e for e in errors if e), "")
+    error = first_error(rt, error)
     if error:
         raise ValueError(error)
 

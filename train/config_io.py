@@ -16,6 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from model.param_error import ParamError
 from train.config import RunConfig
 
 SECTIONS = ("model", "data", "train", "log")
@@ -127,9 +128,9 @@ def read_toml(path: str | os.PathLike) -> dict:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ValueError(f"--config: no such file {path}") from None
+        raise ParamError("config", f"no such file {path}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--config: {path} is not valid TOML ({e})") from None
+        raise ParamError("config", f"{path} is not valid TOML ({e})") from None
 
 
 def checkpoint_sections(path: str | os.PathLike) -> dict:

@@ -34,8 +34,8 @@ def estimate_losses(model: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> dict
 def probe_text(cfg: RunConfig, tokenizer) -> str:
     """The text whose attention is captured at each eval: log.probe_prompt, else the built-in probe, else (a char
     vocabulary that cannot spell it) a fixed window of the val split, so every eval and every run sees the same."""
-    from inspector.capture import encode_prompt
     from inspector.report import DEFAULT_PROBE
+    from model.text_stream import encode_prompt
 
     try:
         encode_prompt(tokenizer, cfg.log.probe_prompt or DEFAULT_PROBE)
@@ -51,8 +51,9 @@ def probe_text(cfg: RunConfig, tokenizer) -> str:
 def draw_samples(model: torch.nn.Module, tokenizer, prompt: str, n_tokens: int, seed: int, n: int = 2) -> list[str]:
     """A few continuations with a fixed seed, so samples across evals differ only because the model changed."""
     from model.inference import SamplingSettings, generate
+    from model.text_stream import encode_prompt
 
-    ids = tokenizer.encode(prompt) or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
+    ids = encode_prompt(tokenizer, prompt)  # an empty prompt starts from the tokenizer's start token
     out = generate(model, [ids] * n, n_tokens, SamplingSettings(temperature=0.8, top_k=200), seed=seed,
                    vocab_limit=tokenizer.vocab_size)  # a padded head may hold ids the tokenizer lacks
     return [tokenizer.decode(row[len(ids):].tolist()) for row in out]

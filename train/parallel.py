@@ -64,7 +64,7 @@ def wrap(model: GPT, rt: Runtime, parallel: str = "ddp", compile: bool = False) 
         return DDP(module, **ddp_options(rt)) if rt.distributed else module
     if rt.dtype == torch.float16:
         raise ValueError("train.dtype: float16 (auto on a GPU without native bf16) cannot run under train.parallel "
-                         "fsdp; pass --train.dtype float32")
+                         "fsdp; set train.dtype = \"float32\"")
     _broadcast_from_rank0(model)
     policy = mixed_precision(rt)
     for block in model.blocks:

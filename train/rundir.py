@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from data.atomic import is_temp_name
 from data.meta import read_meta
 from model.checkpoint import read_run_config, resolve_checkpoint_dir
 from model.run_data import KEY as DATA_LOCATION
@@ -126,7 +127,7 @@ def resume_point(cfg: RunConfig, out: Path, world_size: int = 1) -> Path | None:
             named = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in blocked[:3])
             more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
             raise ValueError(f"train.out_dir: {out} holds a different run ({named}{more}); pick another out_dir "
-                             "or pass --train.overwrite true")
+                             "or set train.overwrite = true")
         shown = [c for c in changes if c[0] not in ("train.resume", "train.overwrite", "log.probe_prompt")]
         if shown:
             print("resuming with changed settings: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in shown),
@@ -135,9 +136,9 @@ def resume_point(cfg: RunConfig, out: Path, world_size: int = 1) -> Path | None:
     if holds_run(out) and not cfg.train.overwrite:
         if cfg.train.resume == "auto":
             raise ValueError(f"train.out_dir: {out} holds a run with no checkpoint to resume from; "
-                             "replace it with --train.overwrite true")
-        raise ValueError(f"train.out_dir: {out} already holds a run; continue it with --train.resume auto "
-                         "or replace it with --train.overwrite true")
+                             "replace it with train.overwrite = true")
+        raise ValueError(f"train.out_dir: {out} already holds a run; continue it with train.resume = \"auto\" "
+                         "or replace it with train.overwrite = true")
     return None
 
 
@@ -172,7 +173,7 @@ def check_same_text(checkpoint: Path, data_dir: str) -> None:
 
 def clear_run(out: Path) -> None:
     """Remove a previous run's outputs (not the lock, which the current run holds)."""
-    leftovers = [p.name for p in out.glob(".*.tmp-*")] if out.exists() else []  # saves cut short by a kill
+    leftovers = [p.name for p in out.iterdir() if is_temp_name(p.name)] if out.exists() else []  # cut short
     for name in (*RUN_ARTIFACTS, *leftovers):
         path = out / name
         if path.is_dir():

@@ -110,20 +110,35 @@ def cpu_has_amx() -> bool:
         return False
 
 
-def pick_dtype(name: str, device: torch.device, width: int = 0) -> torch.dtype:
-    """auto: bf16 on CUDA where the GPU computes it natively (Ampere and later), else fp16 (with a GradScaler): an
-    emulated bf16 runs far below the fp16 rate. On CPU, bf16 autocast where the CPU has AMX and the model is at
-    least CPU_BF16_MIN_WIDTH wide (`width` = n_embd); fp32 otherwise, because without AMX torch's bf16 products
-    measured slower than fp32 (163 vs 286 GFLOP/s on an earlier reading of this machine)."""
+def pick_dtype(name: str, device: torch.device, width: int = 0, *, autocast: bool = True,
+               option: str = "train.dtype") -> torch.dtype:
+    """The dtype `name` (auto, or a DTYPES key) means on `device`, for every script: the trainer computes under
+    autocast (`autocast=True`: fp32 master weights, products in this dtype), the inference scripts cast the
+    weights themselves (`autocast=False`).
+
+    auto is one rule: the fastest dtype the hardware computes natively, where it is faster.
+    - CUDA: bf16 where the GPU computes it natively (Ampere and later), else fp16: an emulated bf16 runs far below
+      the fp16 rate (a trainer's fp16 gets a GradScaler).
+    - CPU, autocast: bf16 where the CPU has AMX and the model is at least CPU_BF16_MIN_WIDTH wide (`width` =
+      n_embd), fp32 otherwise: without AMX torch's bf16 products measured slower than fp32 (163 vs 286 GFLOP/s on
+      an earlier reading of this machine), and narrow models lose more to the casts than they gain.
+    - CPU, weights cast (inference): fp32, always. Decoding reads every weight once per token, and oneDNN's AMX
+      kernel for one-row products reads bf16 weights at 9-13 GB/s against fp32's 24-27 GB/s (README, "Decoding"):
+      bf16 weights are no faster there, and they would round the model for good; int8 quantization on CPU also
+      needs fp32.
+    - anything else (mps): fp32.
+    A dtype the device cannot use that way is a one-line error naming `option`."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if cuda_bf16_native() else torch.float16
-        if device.type == "cpu" and width >= CPU_BF16_MIN_WIDTH and cpu_has_amx():
+        if autocast and device.type == "cpu" and width >= CPU_BF16_MIN_WIDTH and cpu_has_amx():
             return torch.bfloat16
         return torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"{option}: {name!r} is not one of auto, {', '.join(DTYPES)}")
     dtype = DTYPES[name]
-    if dtype == torch.float16 and device.type == "cpu":
-        raise ValueError("train.dtype: float16 autocast is not supported on CPU; use bfloat16 or float32")
+    if autocast and dtype == torch.float16 and device.type == "cpu":
+        raise ValueError(f"{option}: float16 autocast is not supported on CPU; use bfloat16 or float32")
     return dtype
 
 

@@ -18,7 +18,7 @@ between the two forms goes through the FQN-keyed full state (`restore`).
 
 Atomic as every checkpoint: all ranks write into the hidden `.latest.tmp-*` twin that rank 0 created, rank 0 adds
 the consolidated weights and the small files, checks that every shard the metadata names is on disk, and swaps the
-folder in (model/checkpoint.py's `staging_dir` and `swap_in`). A rank killed mid-save leaves the previous
+folder in (data/atomic.py's `staging_dir` and `swap_in`, the two halves of `atomic_dir`). A rank killed mid-save leaves the previous
 checkpoint in place; a rank that fails makes every rank raise, and the twin is removed.
 
 An fsdp checkpoint needs `train.out_dir` on a filesystem every node sees (each rank writes its own shard into it);
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
@@ -42,8 +41,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, get_state_dict,
                                                      set_optimizer_state_dict, set_state_dict)
 
+from data.atomic import staging_dir, swap_in
 from data.tokenizers import Tokenizer
-from model.checkpoint import staging_dir, swap_in, weights_to_store, write_checkpoint_files
+from model.checkpoint import weights_to_store, write_checkpoint_files
+from train.collectives import first_error, from_rank0
 from train.parallel import is_sharded
 from train.runtime import Runtime
 
@@ -70,7 +71,7 @@ def save_sharded_checkpoint(directory: str | Path, model: nn.Module, optimizer: 
     `latest/`) the sharded model and optimizer go to `sharded/` as well; without (`best/`) only the consolidated
     weights are written. Returns the final directory; raises on every rank if any rank failed."""
     final = Path(directory)
-    tmp = Path(_from_rank0(str(staging_dir(final)) if rt.is_main else None))
+    tmp = Path(from_rank0(rt, str(staging_dir(final)) if rt.is_main else None))
     error = ""
     try:
         if trainer_state is not None:
@@ -89,9 +90,7 @@ def save_sharded_checkpoint(directory: str | Path, model: nn.Module, optimizer: 
             swap_in(tmp, final)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - every rank must hear of it, then it is raised
         error = _describe(e, rt.rank)
-    errors = [None] * rt.world_size
-    dist.all_gather_object(errors, error)
-    failed = next((e for e in errors if e), "")
+    failed = first_error(rt, error)
     if failed:
         if rt.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -174,8 +173,3 @@ def by_name(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> 
     return {"state": {order[i]: s for i, s in saved["state"].items()},
             "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]}
 
-
-def _from_rank0(obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

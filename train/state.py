@@ -1,4 +1,4 @@
-"""Everything a run needs besides its weights to continue exactly where it stopped, and the RNG streams in it.
+"""Everything a run needs besides its weights to continue exactly where it stopped.
 
 `TrainerState` is the one place that knows what goes into `trainer_state.pt` and what comes back out of it;
 `model/checkpoint.py` only stores the dict, with `torch.load(weights_only=True)`, so every field is a tensor or
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from model.checkpoint import load_trainer_state
+from train.rng import rng_state, set_rng_state
 from train.runtime import Runtime
 from train.sharded_checkpoint import restore as restore_optimizer
 
@@ -70,36 +71,3 @@ class TrainerState:
             scaler.load_state_dict(self.scaler)
         if self.rng is not None:
             set_rng_state(self.rng, rt.device)
-
-
-def rng_state(device: torch.device) -> dict:
-    """The CPU generator's state and, on CUDA, that of this process's own GPU only: a resume may see fewer GPUs
-    than the save did (another machine, CUDA_VISIBLE_DEVICES), and the run draws from no other."""
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    saved = state.get("cuda")
-    if device.type != "cuda" or saved is None:
-        return
-    if isinstance(saved, (list, tuple)):  # older checkpoints: every visible GPU's state, by device index
-        index = device.index or 0
-        if index >= len(saved):
-            return
-        saved = saved[index]
-    torch.cuda.set_rng_state(saved, device)
-
-
-def seed_rank(state: TrainerState | None, seed: int, rank: int, world_size: int, device: torch.device) -> None:
-    """Under DDP every rank draws its own dropout masks (the same masks on different data would correlate the
-    noise). A resumed run restores each rank's saved stream when the world size is unchanged; otherwise (or on a
-    new run) it starts a fresh one per (seed, rank, step). Runs after the model is built, so weights match anyway."""
-    saved = state.rng_ranks if state is not None else None
-    if saved and len(saved) == world_size:
-        set_rng_state(saved[rank], device)
-    else:
-        torch.manual_seed(seed + 1_000_003 * (rank + 1) + (state.step if state is not None else 0))

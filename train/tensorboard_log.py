@@ -8,11 +8,12 @@ renamed), so every tag has each step once for any reader, TensorBoard's own or a
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from data.atomic import atomic_file
 
 EVENTS_PREFIX = "events.out.tfevents."
 BEST_METRIC = "val/best_loss"  # the hparams dashboard's metric: logged as a scalar at every evaluation
@@ -31,14 +32,12 @@ def drop_events_after(folder: Path, step: int) -> int:
         if len(keep) == len(records) and path.stat().st_size > 0:
             continue
         dropped += len(records) - len(keep)
-        tmp = path.with_name(f".rewrite-{path.name}")  # no "tfevents" prefix: readers never pick it up half-written
-        with open(tmp, "wb") as f:
+        # tagged without "tfevents": TensorBoard reads every file whose name holds it, and must not see this one
+        with atomic_file(path, fsync=True, tag="events-rewrite") as f:
             writer = RecordWriter(f)
             for r in keep:
                 writer.write(r)
             writer.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     return dropped
 
 

@@ -7,10 +7,12 @@ air-gapped machines and tests. TensorBoard only ever writes local event files (t
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
+
+from data.atomic import write_text_atomic
+from data.json_safe import json_safe
 
 
 def _step_of(line: str) -> int | None:
@@ -28,15 +30,14 @@ class MetricsLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            path.write_text("")
-        elif path.exists():
+            write_text_atomic(path, "")
+        elif path.exists():  # rewritten whole or not at all: a kill here must not lose the run's history
             keep = [ln for ln in path.read_text().splitlines() if _step_of(ln) is not None and _step_of(ln) <= resume_step]
-            path.write_text("".join(ln + "\n" for ln in keep))
+            write_text_atomic(path, "".join(ln + "\n" for ln in keep))
 
     def write(self, record: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+            f.write(json.dumps(json_safe(record)) + "\n")
 
 
 class WandbLog:

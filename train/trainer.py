@@ -27,7 +27,8 @@ from train.parallel import clip_grad_norm, gradient_sync, is_sharded, wrap
 from train.runtime import Runtime, peak_flops
 from train.sharded_checkpoint import full_model_state, save_sharded_checkpoint
 from train.signals import StopRequested
-from train.state import TrainerState, seed_rank
+from train.rng import seed_rank
+from train.state import TrainerState
 from train.tracking import Tracker
 
 
