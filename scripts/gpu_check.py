@@ -389,7 +389,10 @@ def child(argv: list[str]) -> int:
         result = child_head(rest[0], rest[1] == "1")
     else:
         result = child_train(rest)
-    print(json.dumps(result))
+    # one write per line: under torchrun the ranks share stdout, and print's two writes (text, then the newline)
+    # can interleave when stdout is unbuffered
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
     return 0
 
 

@@ -64,8 +64,8 @@ class TrainerState:
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                 rt: Runtime, directory: str | Path | None) -> None:
         """Put the saved optimizer, scaler and RNG state back (the counters are this object's own fields), on
-        every rank. `model` is the wrapped one: the optimizer state moves between whole and sharded layouts and
-        world sizes (train/sharded_checkpoint.py); `directory` is the checkpoint, where its shards lie."""
+        every rank. `model` is the bare (or sharded in place) GPT: the optimizer state moves between whole and
+        sharded layouts and world sizes (train/sharded_checkpoint.py); `directory` is the checkpoint's folder."""
         restore_optimizer(model, optimizer, self.to_dict(), directory, rt)
         if self.scaler:
             scaler.load_state_dict(self.scaler)

@@ -64,7 +64,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.needs_grad_scaler())
         if self.resumed:
             directory = from_rank0(rt, str(resume_from) if resume_from is not None else None)
-            self.state.restore(self.model, self.optimizer, self.scaler, rt, directory)
+            self.state.restore(self.raw_model, self.optimizer, self.scaler, rt, directory)
         if rt.distributed:
             seed_rank(state, self.tc.seed, rt.rank, rt.world_size, rt.device)
         self.loader = ShardLoader(cfg.data.dir, "train", self.tc.batch_size, cfg.model.block_size, self.tc.seed,
