@@ -202,28 +202,32 @@ class Engine:
         self.rows = []
         self.cache.live = 0
 
-    def _prefill(self, contexts: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
-        """Run the contexts (<= block_size tokens each) as one right-padded batch; returns the filled cache and
-        each context's next-token logits [n, V]."""
-        lengths = [len(c) for c in contexts]
+    def _prefill(self, contexts: list[list[int]]) -> tuple[KVCache, list[int], torch.Tensor]:
+        """Run the contexts (<= block_size tokens each) as one right-padded batch; returns the filled cache, the
+        cache row holding each context, and each context's next-token logits [n, V]. Equal contexts (the n choices
+        of one request, clients sharing a prompt) are run once and share their row: the same keys and logits."""
+        unique: dict[tuple[int, ...], int] = {}
+        source = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
+        runs = [list(c) for c in unique]
+        lengths = [len(c) for c in runs]
         longest, shortest = max(lengths), min(lengths)
-        idx = torch.zeros(len(contexts), longest, dtype=torch.long)
-        for i, c in enumerate(contexts):
+        idx = torch.zeros(len(runs), longest, dtype=torch.long)
+        for i, c in enumerate(runs):
             idx[i, :len(c)] = torch.tensor(c, dtype=torch.long)
-        kv = KVCache(self.model.config, len(contexts), max_len=longest, device=self.device,
-                     dtype=self.cache.k.dtype)
+        kv = KVCache(self.model.config, len(runs), max_len=longest, device=self.device, dtype=self.cache.k.dtype)
         keep = longest - shortest + 1  # enough final positions to hold every row's last real token
         logits, _ = self.model(idx.to(self.device), cache=kv, logits_to_keep=keep)
         last = torch.tensor([n - 1 - (longest - keep) for n in lengths], device=self.device)
-        return kv, logits[torch.arange(len(contexts), device=self.device), last]
+        logits = logits[torch.arange(len(runs), device=self.device), last]
+        return kv, source, logits[torch.tensor(source, device=self.device)]
 
     def _admit(self, requests: list[Request]) -> None:
         new = [_Row(req, self.tokenizer, self.vocab, self.device) for req in requests]
         for row in new:
             row.context = row.context[-self.block_size:]
-        kv, logits = self._prefill([row.context for row in new])
+        kv, source, logits = self._prefill([row.context for row in new])
         for i, row in enumerate(new):
-            self.cache.load(len(self.rows), kv, i, len(row.context))
+            self.cache.load(len(self.rows), kv, source[i], len(row.context))
             self.rows.append(row)
             self.cache.live = len(self.rows)
             self._sample(row, logits[i])
@@ -234,9 +238,9 @@ class Engine:
         if full:  # slide these windows: prefill what is left, then they step with everyone else
             for i in full:
                 self.rows[i].context = self.rows[i].context[self.shift:]
-            kv, _ = self._prefill([self.rows[i].context for i in full])
+            kv, source, _ = self._prefill([self.rows[i].context for i in full])
             for j, i in enumerate(full):
-                self.cache.load(i, kv, j, len(self.rows[i].context))
+                self.cache.load(i, kv, source[j], len(self.rows[i].context))
         tokens = torch.tensor([[row.pending] for row in self.rows], dtype=torch.long, device=self.device)
         logits, _ = self.model(tokens, cache=self.cache)
         self.steps += 1
