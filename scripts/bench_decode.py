@@ -11,9 +11,8 @@ token included; ms/token is the steady per-step time after the first token. An e
 (temperature 0.8, top-k 200; top-p 0.9) on top of the cached decode. The "floor" row times the model's Linear layers
 alone on a one-token input: the weight reads every batch-1 step pays, i.e. the memory-bandwidth bound; the int8
 floor row does the same for the int8 model (`--quantize int8`, model/quantize.py), whose greedy tokens are compared
-with the fp32 ones position by position instead (they may differ). The model's Linear layers run inference through
-oneDNN on CPU (model/linear.py); the MKL floor row times the same layers through plain F.linear (torch's default,
-MKL's sgemm), to show what that choice is worth. transformers is optional: without it its rows are skipped.
+with the fp32 ones position by position instead (they may differ). transformers is optional: without it its rows
+are skipped.
 """
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from torch import nn
 from model.config import ModelConfig
 from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, stream_tokens
-from model.linear import use_onednn
 from model.quantize import Int8Linear, check_quantize, import_torchao, quantize_model
 from scripts.cli import run_main
 from scripts.inference_args import HelpFormatter, load_model, pick_device
@@ -145,24 +143,20 @@ def weight_bytes(layer: nn.Module) -> int:
 
 
 @torch.inference_mode()
-def matvec_floor(model: GPT, batch_size: int, reps: int = 20, onednn: bool = True) -> tuple[float, float]:
+def matvec_floor(model: GPT, batch_size: int, reps: int = 20) -> tuple[float, float]:
     """(seconds, bytes) of one pass over every Linear of the model (fp32 or int8) on a one-token input: the weight
     reads that any batch-1 decode step must pay, with none of the rest (attention, norms, Python). Decode cannot
-    beat this. Best of `reps`; measured once per round, as the machine's memory bandwidth drifts. `onednn=False`
-    runs the layers through F.linear (MKL) instead of the model's own oneDNN path."""
+    beat this. Best of `reps`; measured once per round, as the machine's memory bandwidth drifts."""
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))]
     device, dtype = model.wte.weight.device, model.wte.weight.dtype
     inputs = [torch.randn(batch_size, 1, m.in_features, device=device, dtype=dtype) for m in layers]
     nbytes = sum(weight_bytes(m) for m in layers)
-    best, previous = float("inf"), use_onednn(onednn)
-    try:
-        for _ in range(reps):
-            t0 = clock(device)
-            for m, x in zip(layers, inputs):
-                m(x)
-            best = min(best, clock(device) - t0)
-    finally:
-        use_onednn(previous)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = clock(device)
+        for m, x in zip(layers, inputs):
+            m(x)
+        best = min(best, clock(device) - t0)
     return best, nbytes
 
 
@@ -243,7 +237,7 @@ def main() -> int:
         rows.append((HF_ROW, hf))
     for _, run in rows:
         run(8)  # warm-up: the first call pays one-off allocations and lazy initialisation
-    ratios, floors, mkl_floors, int8_floors, vs_floor, vs_fp32 = [], [], [], [], [], []
+    ratios, floors, int8_floors, vs_floor, vs_fp32 = [], [], [], [], []
     bar = tqdm(total=len(args.new_tokens) * args.rounds * len(rows), desc="bench_decode", unit="run",
                file=sys.stderr, leave=False)
     for n in args.new_tokens:
@@ -253,7 +247,6 @@ def main() -> int:
         reference = None
         for _ in range(args.rounds):
             floors.append(matvec_floor(model, args.batch_size))
-            mkl_floors.append(matvec_floor(model, args.batch_size, onednn=False))
             if qmodel is not None:
                 int8_floors.append(matvec_floor(qmodel, args.batch_size))
             for name, run in rows:
@@ -283,8 +276,7 @@ def main() -> int:
             vs_floor[-1] += f" (int8 {int8_floor_now / steady[INT8_ROW]:.2f}x)"
             vs_fp32.append(f"{steady[OURS_ROW] / steady[INT8_ROW]:.2f}x at {n} (tokens/s "
                            f"{per_token[OURS_ROW] / per_token[INT8_ROW]:.2f}x)")
-    for label, measured in (("floor: weight reads alone", floors), ("MKL floor: the same through F.linear", mkl_floors),
-                            ("int8 floor: int8 weight reads", int8_floors)):
+    for label, measured in (("floor: weight reads alone", floors), ("int8 floor: int8 weight reads", int8_floors)):
         if measured:
             seconds, nbytes = statistics.median(s for s, _ in measured), measured[0][1]
             print(f"{label:<38}{'':>5}{args.batch_size / seconds:>9.1f}{'':>10}{seconds * 1000:>10.1f}"

@@ -22,8 +22,6 @@ def test_bench_decode_prints_all_decoders_and_they_agree():
     floor = [line for line in res.stdout.splitlines() if line.startswith(("floor", "int8 floor"))]
     assert len(floor) == 2 and all("GB/s" in f for f in floor)
     assert "(0.49 GB" in floor[0] and "(0.12 GB" in floor[1]  # int8 weights: a quarter of the bytes
-    mkl = [line for line in res.stdout.splitlines() if line.startswith("MKL floor")]
-    assert len(mkl) == 1 and "(0.49 GB" in mkl[0]  # the same fp32 layers through F.linear, for comparison
     assert "cached greedy decode / transformers generate(): " in res.stdout and "x at 3" in res.stdout
     assert "int8 cached decode / fp32 cached decode" in res.stdout and "its floor's" in res.stdout
 

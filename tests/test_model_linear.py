@@ -17,7 +17,7 @@ def layer():
 
 
 @needs_onednn
-@pytest.mark.parametrize("shape", [(1, 1, 48), (3, 7, 48), (5, 48)])
+@pytest.mark.parametrize("shape", [(8, 1, 48), (3, 7, 48), (5, 48)])
 def test_inference_goes_through_onednn_and_matches_f_linear(layer, shape):
     x = torch.randn(*shape)
     with torch.inference_mode():
@@ -29,6 +29,13 @@ def test_inference_goes_through_onednn_and_matches_f_linear(layer, shape):
         assert onednn_applies(x, layer.weight)
         sliced = layer(torch.randn(2, 9, 48)[:, -3:])  # a non-contiguous view, as logits_to_keep makes
     assert sliced.shape == (2, 3, 80)
+
+
+@needs_onednn
+def test_one_row_stays_on_f_linear(layer):
+    with torch.inference_mode():
+        assert not onednn_applies(torch.randn(1, 1, 48), layer.weight)
+        assert onednn_applies(torch.randn(1, 2, 48), layer.weight)
 
 
 def test_training_keeps_f_linear_and_its_gradients(layer):
