@@ -4,9 +4,10 @@ Each step the scheduler
 1. runs queued side jobs (an attention capture for the page), so nothing else touches the model meanwhile;
 2. drops rows whose client went away;
 3. admits waiting requests into free rows (an idle engine first waits a few ms while more keep arriving): their
-   prompts are prefilled together (right-padded, causal, so padding never reaches a real token), copied into the
-   shared RowKVCache, and their first token is sampled;
-4. feeds every live row's last token through ONE batched forward (each row at its own position, masked to its own
+   prompts are prefilled together (right-padded, causal, so padding never reaches a real token; equal prompts
+   once), copied into the shared RowKVCache, and their first token is sampled;
+4. unless more requests came in during that prefill and fit (they are admitted first, prefill before decode),
+   feeds every live row's last token through ONE batched forward (each row at its own position, masked to its own
    length), samples each row with its own settings and private generator, and retires finished rows.
 
 A row whose context fills block_size slides like `model.inference`'s window: the oldest block_size/4 tokens are
@@ -94,6 +95,7 @@ class Engine:
         self._cv = threading.Condition()
         self._stopping = False
         self.steps = 0  # batched decode forwards so far (the tests read it)
+        self._deferred = 0  # admissions in a row that went before the running rows' next decode step
         self._thread = threading.Thread(target=self._loop, name="attngpt-engine", daemon=True)
         self._thread.start()
 
@@ -153,12 +155,22 @@ class Engine:
                     admit = [req for req in admit if not req.cancelled]
                     if admit:
                         self._admit(admit)
-                    if self.rows:
+                    if admit and self._deferred < self.max_batch and self._admissible():
+                        self._deferred += 1  # prefill first: the next step admits the newcomers
+                    elif self.rows:
+                        self._deferred = 0
                         self._decode()
             except Exception:  # noqa: BLE001 - a failed step must not hang every client: end its requests
                 traceback.print_exc(file=sys.stderr)
                 self._end_rows(admit)
         self._abort_all()
+
+    def _admissible(self) -> bool:
+        """Whether requests that came in meanwhile (during a prefill) can join now. If so the next step admits them
+        before the running rows decode again: their time to first token is then two prefills, not two prefills
+        and a decode step. At most max_batch admissions in a row go first, so decoding is never held up for long."""
+        with self._cv:
+            return bool(self._waiting) and len(self.rows) < self.max_batch
 
     def _gather(self) -> None:
         """On an idle engine, wait while requests keep arriving (each within `gather_s` of the last, up to 10x

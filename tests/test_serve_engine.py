@@ -176,3 +176,23 @@ def test_requests_sharing_a_prompt_are_prefilled_once_and_decode_as_alone(engine
     sampled = [int(t) for t in stream_tokens(engine.model, PROMPTS[1], 20, reqs[-1]["settings"],
                                              generator=make_generator(3), vocab_limit=TOK.vocab_size)]
     assert got[-1] == sampled
+
+
+def test_a_request_arriving_during_a_prefill_is_admitted_before_the_next_decode_step(engine):
+    """Prefill first: a newcomer waits for the prefill under way, not also for a decode step of the running rows."""
+    late, shapes = Collector(), []
+
+    def arrive(_, args):
+        shapes.append(tuple(args[0].shape))
+        if len(shapes) == 1:  # the first request's prefill is running: the second one comes in now
+            engine.submit(Request(PROMPTS[2], 5, late.q.put, GREEDY))
+
+    handle = engine.model.register_forward_pre_hook(arrive)
+    try:
+        first = submit_all(engine, [dict(prompt_ids=PROMPTS[1], max_new_tokens=5, settings=GREEDY)])[0]
+        got = tokens(first), tokens(late)
+    finally:
+        handle.remove()
+    assert shapes[:3] == [(1, len(PROMPTS[1])), (1, len(PROMPTS[2])), (2, 1)]  # prefill, prefill, then one step
+    for prompt, out in zip((PROMPTS[1], PROMPTS[2]), got):
+        assert out == generate(engine.model, prompt, 5, GREEDY)[0, len(prompt):].tolist()
