@@ -13,6 +13,7 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.hooks import HookPoint
+from model.linear import Linear
 
 
 def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
@@ -84,8 +85,8 @@ class CausalSelfAttention(nn.Module):
         self.config = config
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         qkv_out = (self.n_head + 2 * self.n_kv_head) * self.head_dim
-        self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
+        self.c_attn = Linear(config.n_embd, qkv_out, bias=config.bias)
+        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         if config.attention == "additive":
             d = self.head_dim
             self.add_wq = nn.Parameter(torch.randn(d, d) / math.sqrt(d))

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 from model.attention import rope_tables
 from model.config import ModelConfig
 from model.layers import Block, make_norm, sinusoidal_table
+from model.linear import Linear
 from model.loss import chunked_cross_entropy, chunked_loss_pays, logits_cross_entropy
 
 
@@ -32,7 +33,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = make_norm(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.activation_checkpointing = False  # set_activation_checkpointing: recompute blocks in backward

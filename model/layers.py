@@ -9,6 +9,7 @@ from torch import nn
 
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
+from model.linear import Linear
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -25,8 +26,8 @@ class MLP(nn.Module):
         self.kind = config.mlp
         hidden = config.ffn_hidden
         fc_out = 2 * hidden if self.kind == "swiglu" else hidden
-        self.c_fc = nn.Linear(config.n_embd, fc_out, bias=config.bias)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, fc_out, bias=config.bias)
+        self.c_proj = Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,10 @@ Each step the scheduler
 1. runs queued side jobs (an attention capture for the page), so nothing else touches the model meanwhile;
 2. drops rows whose client went away;
 3. admits waiting requests into free rows (an idle engine first waits a few ms while more keep arriving): their
-   prompts are prefilled together (right-padded, causal, so padding never reaches a real token), copied into the
-   shared RowKVCache, and their first token is sampled;
-4. feeds every live row's last token through ONE batched forward (each row at its own position, masked to its own
+   prompts are prefilled together (right-padded, causal, so padding never reaches a real token; equal prompts
+   once), copied into the shared RowKVCache, and their first token is sampled;
+4. unless more requests came in during that prefill and fit (they are admitted first, prefill before decode),
+   feeds every live row's last token through ONE batched forward (each row at its own position, masked to its own
    length), samples each row with its own settings and private generator, and retires finished rows.
 
 A row whose context fills block_size slides like `model.inference`'s window: the oldest block_size/4 tokens are
@@ -95,6 +96,7 @@ class Engine:
         self._cv = threading.Condition()
         self._stopping = False
         self.steps = 0  # batched decode forwards so far (the tests read it)
+        self._deferred = 0  # admissions in a row that went before the running rows' next decode step
         self._thread = threading.Thread(target=self._loop, name="attngpt-engine", daemon=True)
         self._thread.start()
 
@@ -154,12 +156,22 @@ class Engine:
                     admit = [req for req in admit if not req.cancelled]
                     if admit:
                         self._admit(admit)
-                    if self.rows:
+                    if admit and self._deferred < self.max_batch and self._admissible():
+                        self._deferred += 1  # prefill first: the next step admits the newcomers
+                    elif self.rows:
+                        self._deferred = 0
                         self._decode()
             except Exception:  # noqa: BLE001 - a failed step must not hang every client: end its requests
                 traceback.print_exc(file=sys.stderr)
                 self._end_rows(admit)
         self._abort_all()
+
+    def _admissible(self) -> bool:
+        """Whether requests that came in meanwhile (during a prefill) can join now. If so the next step admits them
+        before the running rows decode again: their time to first token is then two prefills, not two prefills
+        and a decode step. At most max_batch admissions in a row go first, so decoding is never held up for long."""
+        with self._cv:
+            return bool(self._waiting) and len(self.rows) < self.max_batch
 
     def _gather(self) -> None:
         """On an idle engine, wait while requests keep arriving (each within `gather_s` of the last, up to 10x
@@ -203,28 +215,32 @@ class Engine:
         self.rows = []
         self.cache.live = 0
 
-    def _prefill(self, contexts: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
-        """Run the contexts (<= block_size tokens each) as one right-padded batch; returns the filled cache and
-        each context's next-token logits [n, V]."""
-        lengths = [len(c) for c in contexts]
+    def _prefill(self, contexts: list[list[int]]) -> tuple[KVCache, list[int], torch.Tensor]:
+        """Run the contexts (<= block_size tokens each) as one right-padded batch; returns the filled cache, the
+        cache row holding each context, and each context's next-token logits [n, V]. Equal contexts (the n choices
+        of one request, clients sharing a prompt) are run once and share their row: the same keys and logits."""
+        unique: dict[tuple[int, ...], int] = {}
+        source = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
+        runs = [list(c) for c in unique]
+        lengths = [len(c) for c in runs]
         longest, shortest = max(lengths), min(lengths)
-        idx = torch.zeros(len(contexts), longest, dtype=torch.long)
-        for i, c in enumerate(contexts):
+        idx = torch.zeros(len(runs), longest, dtype=torch.long)
+        for i, c in enumerate(runs):
             idx[i, :len(c)] = torch.tensor(c, dtype=torch.long)
-        kv = KVCache(self.model.config, len(contexts), max_len=longest, device=self.device,
-                     dtype=self.cache.k.dtype)
+        kv = KVCache(self.model.config, len(runs), max_len=longest, device=self.device, dtype=self.cache.k.dtype)
         keep = longest - shortest + 1  # enough final positions to hold every row's last real token
         logits, _ = self.model(idx.to(self.device), cache=kv, logits_to_keep=keep)
         last = torch.tensor([n - 1 - (longest - keep) for n in lengths], device=self.device)
-        return kv, logits[torch.arange(len(contexts), device=self.device), last]
+        logits = logits[torch.arange(len(runs), device=self.device), last]
+        return kv, source, logits[torch.tensor(source, device=self.device)]
 
     def _admit(self, requests: list[Request]) -> None:
         new = [_Row(req, self.tokenizer, self.vocab, self.device) for req in requests]
         for row in new:
             row.context = row.context[-self.block_size:]
-        kv, logits = self._prefill([row.context for row in new])
+        kv, source, logits = self._prefill([row.context for row in new])
         for i, row in enumerate(new):
-            self.cache.load(len(self.rows), kv, i, len(row.context))
+            self.cache.load(len(self.rows), kv, source[i], len(row.context))
             self.rows.append(row)
             self.cache.live = len(self.rows)
             self._sample(row, logits[i])
@@ -235,9 +251,9 @@ class Engine:
         if full:  # slide these windows: prefill what is left, then they step with everyone else
             for i in full:
                 self.rows[i].context = self.rows[i].context[self.shift:]
-            kv, _ = self._prefill([self.rows[i].context for i in full])
+            kv, source, _ = self._prefill([self.rows[i].context for i in full])
             for j, i in enumerate(full):
-                self.cache.load(i, kv, j, len(self.rows[i].context))
+                self.cache.load(i, kv, source[j], len(self.rows[i].context))
         tokens = torch.tensor([[row.pending] for row in self.rows], dtype=torch.long, device=self.device)
         logits, _ = self.model(tokens, cache=self.cache)
         self.steps += 1

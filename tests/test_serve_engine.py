@@ -154,3 +154,45 @@ def test_requests_that_join_and_leave_mid_run_change_nobody_s_tokens(engine):
     assert got == generate(engine.model, PROMPTS[0], 60, GREEDY)[0, len(PROMPTS[0]):].tolist()
     for c, prompt, n in zip(late, PROMPTS[1:], range(5, 40, 5)):
         assert tokens(c) == generate(engine.model, prompt, n, GREEDY)[0, len(prompt):].tolist()
+
+
+def test_requests_sharing_a_prompt_are_prefilled_once_and_decode_as_alone(engine):
+    """Equal prompts in one admission (clients with the same prompt, the n choices of a request) run through the
+    model once and share that cache row; every row then decodes exactly as it would alone."""
+    shapes = []
+    handle = engine.model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(args[0].shape)),
+                                                    with_kwargs=True)
+    try:
+        reqs = [dict(prompt_ids=PROMPTS[p], max_new_tokens=20, settings=GREEDY) for p in (1, 3, 1, 1, 3)]  # 7 and 1 tokens: no slide in 20 steps
+        reqs.append(dict(prompt_ids=PROMPTS[1], max_new_tokens=20, settings=SamplingSettings(top_k=5), seed=3))
+        got = [tokens(c) for c in submit_all(engine, reqs)]
+    finally:
+        handle.remove()
+    assert shapes[0] == (2, len(PROMPTS[1]))  # the admission's prefill: two distinct prompts, padded to the longest
+    assert shapes[1:] == [(6, 1)] * 19  # then one batched step per token for the six rows
+    for r, out in zip(reqs, got):
+        if r["settings"] is GREEDY:
+            assert out == generate(engine.model, r["prompt_ids"], 20, GREEDY)[0, len(r["prompt_ids"]):].tolist()
+    sampled = [int(t) for t in stream_tokens(engine.model, PROMPTS[1], 20, reqs[-1]["settings"],
+                                             generator=make_generator(3), vocab_limit=TOK.vocab_size)]
+    assert got[-1] == sampled
+
+
+def test_a_request_arriving_during_a_prefill_is_admitted_before_the_next_decode_step(engine):
+    """Prefill first: a newcomer waits for the prefill under way, not also for a decode step of the running rows."""
+    late, shapes = Collector(), []
+
+    def arrive(_, args):
+        shapes.append(tuple(args[0].shape))
+        if len(shapes) == 1:  # the first request's prefill is running: the second one comes in now
+            engine.submit(Request(PROMPTS[2], 5, late.q.put, GREEDY))
+
+    handle = engine.model.register_forward_pre_hook(arrive)
+    try:
+        first = submit_all(engine, [dict(prompt_ids=PROMPTS[1], max_new_tokens=5, settings=GREEDY)])[0]
+        got = tokens(first), tokens(late)
+    finally:
+        handle.remove()
+    assert shapes[:3] == [(1, len(PROMPTS[1])), (1, len(PROMPTS[2])), (2, 1)]  # prefill, prefill, then one step
+    for prompt, out in zip((PROMPTS[1], PROMPTS[2]), got):
+        assert out == generate(engine.model, prompt, 5, GREEDY)[0, len(prompt):].tolist()

@@ -1,0 +1,60 @@
+"""model.linear: inference products on CPU through oneDNN, the same numbers as F.linear; training untouched."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.linear import Linear, onednn_applies, use_onednn
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.fixture
+def layer():
+    torch.manual_seed(0)
+    return Linear(48, 80)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(8, 1, 48), (3, 7, 48), (5, 48)])
+def test_inference_goes_through_onednn_and_matches_f_linear(layer, shape):
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        assert onednn_applies(x, layer.weight)
+        y = layer(x)
+    assert y.shape == (*shape[:-1], 80)
+    torch.testing.assert_close(y, F.linear(x, layer.weight.detach(), layer.bias.detach()), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # no_grad too: evaluation and the cached-vs-full checks run there
+        assert onednn_applies(x, layer.weight)
+        sliced = layer(torch.randn(2, 9, 48)[:, -3:])  # a non-contiguous view, as logits_to_keep makes
+    assert sliced.shape == (2, 3, 80)
+
+
+@needs_onednn
+def test_one_row_stays_on_f_linear(layer):
+    with torch.inference_mode():
+        assert not onednn_applies(torch.randn(1, 1, 48), layer.weight)
+        assert onednn_applies(torch.randn(1, 2, 48), layer.weight)
+
+
+def test_training_keeps_f_linear_and_its_gradients(layer):
+    x = torch.randn(4, 48, requires_grad=True)
+    assert not onednn_applies(x, layer.weight)
+    layer(x).square().sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_autocast_quantized_or_switched_off_fall_back(layer):
+    x = torch.randn(2, 48)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not onednn_applies(x, layer.weight)
+        assert layer(x).dtype == torch.bfloat16  # autocast still applies, as it does to nn.Linear
+    with torch.no_grad():
+        assert not onednn_applies(x.double(), layer.weight.double())
+        previous = use_onednn(False)
+        try:
+            assert not onednn_applies(x, layer.weight)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        finally:
+            use_onednn(previous)
