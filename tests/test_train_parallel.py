@@ -80,12 +80,21 @@ def test_activation_checkpointing_gives_the_same_loss_gradients_and_rng_with_dro
     assert step(small_gpt(dropout=0.0), x)[0] != plain[0]  # dropout was in play
 
 
-def test_activation_checkpointing_is_off_for_inference_and_the_kv_cache():
+def test_activation_checkpointing_is_off_for_inference_and_the_kv_cache(monkeypatch):
+    import model.gpt as gpt_module
+
     model = small_gpt(dropout=0.0).set_activation_checkpointing().eval()
     x = torch.randint(0, 65, (1, 16))
-    with torch.no_grad():
+    with torch.no_grad():  # both without grad: inference products may take another kernel (model/linear.py)
+        expected = small_gpt(dropout=0.0).eval()(x)[0]
+        monkeypatch.setattr(gpt_module, "checkpoint", lambda *a, **k: pytest.fail("checkpointed without grad"))
         logits, _ = model(x)
-    assert torch.equal(logits, small_gpt(dropout=0.0).eval()(x)[0].detach())
+        assert torch.equal(logits, expected)
+    calls: list = []
+    monkeypatch.setattr(gpt_module, "checkpoint",
+                        lambda block, x, use_reentrant, **kw: calls.append(use_reentrant) or block(x, **kw))
+    model.train()(x, x)  # with grad: every block goes through checkpoint
+    assert calls == [False] * len(model.blocks)  # non-reentrant: RNG replay and kwargs
 
 
 def test_activation_checkpointing_lowers_peak_memory(capsys):
