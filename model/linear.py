@@ -1,26 +1,47 @@
 """The model's Linear layer: nn.Linear, whose inference products on CPU run through oneDNN instead of MKL.
 
-Why: torch's CPU wheel sends an fp32 F.linear to MKL's sgemm, which on the AMD EPYC (AVX2) this project is measured
-on is slow at the few rows that batched decoding feeds: at 8 rows it ran 3x slower than at 1, although both read
-the same weights (README, "Serving"). oneDNN's matmul, which torch ships in the same wheel (it is what
-torch.compile's CPU backend calls), does 8 rows in 1.2-2x the time of one. The result is the same product up to
-float rounding (~1e-6 relative). `python -m scripts.bench_serve` times the bare model's decode forward at batch 1
-and 8 both ways.
+Why: torch's CPU wheel sends an fp32 F.linear to MKL, which on the AMD EPYC (AVX2, 2 cores) this project is
+measured on reads the weights slowly at the row counts decoding feeds. One pass over GPT-2 124M's Linear layers
+(0.50 GB of fp32 weights), idle machine, means of 12 passes, same run (README, "Decoding"):
 
-Only inference with at least 2 rows takes that path: autograd off (torch.no_grad / inference_mode), CPU, fp32
-activations and plain fp32 weights, no autocast, not under torch.compile (which chooses its own kernels). One row
-(batch-1 decoding) stays on MKL's matrix-vector kernel: on the idle machine oneDNN's was faster, but with the 2
-cores shared with other jobs its threads stall (a pass over GPT-2's layers took 2-3x MKL's), where MKL's holds up.
-Everything else, training first, keeps F.linear. `use_onednn(False)` turns the path off for the whole process (the benchmarks compare both).
+  rows  MKL F.linear  oneDNN  oneDNN, weights packed for 8 rows
+  1          49 ms     35 ms     40 ms
+  8         117 ms     62 ms     54 ms
+
+oneDNN's matmul ships in the same wheel (torch.compile's CPU backend calls it). The result is the same product up
+to float rounding (~1e-6 relative). Batched decoding, [B, 1, C] with B >= 2 (the server, several samples), reads
+a copy of the weights that oneDNN has reordered for 8 rows (`torch.ops.mkldnn._reorder_linear_weight`, what
+inductor's freezing pass does). It is made on first use, kept while the weight is unchanged (same storage, same
+version counter) and dropped with it: one more copy of the weights in memory, paid only by batched decoding, which
+repeats every step. Prefills and batch-1 decoding take the plain weights.
+
+Only inference takes this path: autograd off (torch.no_grad / inference_mode), CPU, fp32 activations and plain
+fp32 weights, no autocast, not under torch.compile (which chooses its own kernels). Training keeps F.linear.
+
+The cost: oneDNN splits a product evenly over torch's threads, so when another process holds one of the cores
+the whole product waits for the slow thread. With one busy process beside it, the 1-row pass above took 153 ms on
+oneDNN and 68 ms on MKL; `torch.set_num_threads(1)` holds 58-61 ms on either. `use_onednn(False)` switches the
+path off for the whole process (the benchmarks compare both).
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 _PLAIN = (torch.Tensor, nn.Parameter)
-_enabled = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+PACK_ROWS = 8  # the row count the batched-decoding copy is laid out for (the server's default --max-batch)
+
+
+def _available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+_enabled = _available()
+# id(weight) -> (its storage pointer, version counter, packed copy); a finalizer drops the copy with the weight
+_packed: dict[int, tuple[int, int, torch.Tensor]] = {}
 
 
 def use_onednn(enabled: bool) -> bool:
@@ -28,21 +49,34 @@ def use_onednn(enabled: bool) -> bool:
     torch has no oneDNN."""
     global _enabled
     previous = _enabled
-    _enabled = bool(enabled) and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-                                                                                   "_linear_pointwise")
+    _enabled = bool(enabled) and _available()
     return previous
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` would run this product through oneDNN (the conditions in the module docstring)."""
-    return (_enabled and x.numel() >= 2 * x.size(-1) and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+    return (_enabled and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and type(weight) in _PLAIN and weight.is_contiguous() and not torch.is_grad_enabled()
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's copy of `weight` laid out for PACK_ROWS rows, made once and reused until the weight changes."""
+    entry = _packed.get(id(weight))
+    key = (weight.data_ptr(), weight._version)
+    if entry is None or entry[:2] != key:
+        if entry is None:
+            weakref.finalize(weight, _packed.pop, id(weight), None)
+        entry = (*key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+        _packed[id(weight)] = entry
+    return entry[2]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), through oneDNN when `onednn_applies`."""
+    """F.linear(x, weight, bias), through oneDNN when `onednn_applies`; batched decoding reads the packed copy."""
     if onednn_applies(x, weight) and (bias is None or type(bias) in _PLAIN):
+        if x.dim() == 3 and x.size(1) == 1 and x.size(0) > 1:
+            weight = packed_weight(weight)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -32,10 +32,29 @@ def test_inference_goes_through_onednn_and_matches_f_linear(layer, shape):
 
 
 @needs_onednn
-def test_one_row_stays_on_f_linear(layer):
+def test_batched_decoding_reads_a_packed_copy_that_follows_the_weight():
+    import gc
+    import model.linear as ml
+
+    layer = Linear(48, 80)  # its own, not the fixture's: pytest holds fixtures until the test ends
+    x = torch.randn(8, 1, 48)  # eight sequences, one new token each
     with torch.inference_mode():
-        assert not onednn_applies(torch.randn(1, 1, 48), layer.weight)
-        assert onednn_applies(torch.randn(1, 2, 48), layer.weight)
+        assert onednn_applies(torch.randn(1, 1, 48), layer.weight)  # batch-1 decoding too, on the plain weights
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        packed = ml._packed[id(layer.weight)][2]
+        assert packed.is_mkldnn
+        layer(x)
+        assert ml._packed[id(layer.weight)][2] is packed  # made once, reused
+        layer(torch.randn(1, 5, 48))  # a prefill takes the plain weights: nothing new is packed
+        assert ml._packed[id(layer.weight)][2] is packed
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)  # an in-place change (load_state_dict, an optimizer step) bumps the version
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        assert ml._packed[id(layer.weight)][2] is not packed
+    key = id(layer.weight)
+    del layer, packed
+    gc.collect()
+    assert key not in ml._packed  # the copy goes with its weight
 
 
 def test_training_keeps_f_linear_and_its_gradients(layer):

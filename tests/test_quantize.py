@@ -181,6 +181,6 @@ def test_bench_on_a_checkpoint_and_the_kernel_comparison(setup):
     res = run_script("scripts.bench_decode", "--ckpt", str(ckpt), "--int8-kernels", "--rounds", "1", timeout=300)
     assert res.returncode == 0, res.stderr
     rows = {line[:40].strip(): line.split()[-1] for line in res.stdout.splitlines()[1:]}
-    assert list(rows) == ["fp32 F.linear (the floor)", "fbgemm int8 (used on CPU)", "torchao Int8WeightOnlyConfig",
+    assert list(rows) == ["fp32 Linear, oneDNN (the floor)", "fbgemm int8 (used on CPU)", "torchao Int8WeightOnlyConfig",
                           "torch._weight_int8pack_mm"]
-    assert rows["fp32 F.linear (the floor)"] == "1.00x" and all(r.endswith("x") for r in rows.values())
+    assert rows["fp32 Linear, oneDNN (the floor)"] == "1.00x" and all(r.endswith("x") for r in rows.values())
