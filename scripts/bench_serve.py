@@ -171,7 +171,8 @@ def main() -> int:
         stack.callback(server.stop)
         clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         stack.callback(clients.shutdown)
-        clients.submit(run_arm, url, prompts, 4, 1, True).result()  # warm-up: one-off allocations, imports
+        for n in (1, args.clients):  # warm-up of both batch sizes: one-off allocations, imports
+            clients.submit(run_arm, url, prompts, 4, n, True).result()
         arms = [("1 client", 1, True), (f"{args.clients} clients at once", args.clients, True),
                 (f"{args.clients} one after another", args.clients, False)]
         walls = {name: [] for name, _, _ in arms}

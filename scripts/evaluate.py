@@ -105,7 +105,7 @@ def scores(loss: float, n_tokens: int, n_bytes: int) -> dict:
 
 def evaluate_one(spec: str, args: argparse.Namespace) -> dict:
     """The checkpoint's scores; with --quantize, those of the quantized model too, on the same tokens."""
-    ckpt = load_model(spec, args.device, args.dtype)
+    ckpt = load_model(spec, args.device, args.dtype, threads=args.threads)
     if args.text_file:
         tokens, n_tokens, n_bytes, source = file_tokens(ckpt, args.text_file)
     else:

@@ -1,5 +1,5 @@
-"""Options shared by the scripts that run a trained model (sample, evaluate, attention, bench_decode): checkpoint,
-device, dtype, quantization."""
+"""Options shared by the scripts that run a trained model (sample, evaluate, serve, bench_decode): checkpoint,
+device, dtype, CPU threads, quantization."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ from train import runtime
 from train.runtime import DTYPES
 
 from model.checkpoint import Checkpoint, load_any
+from model.param_error import ParamError
 from model.quantize import QUANTIZE_CHOICES, check_quantize, quantize_model
 
 
@@ -28,6 +29,9 @@ def add_model_options(parser: argparse.ArgumentParser, many: bool = False) -> No
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="weights and cache dtype; auto = bfloat16 on a CUDA GPU with native bf16 (float16 on "
                              "older ones), float32 on CPU and elsewhere (train/runtime.py, pick_dtype)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads; 0 = torch's default (one per core). Where other work keeps some "
+                             "cores busy, fewer threads than free cores avoids stalls (model/linear.py)")
     add_quantize_option(parser)
 
 
@@ -49,9 +53,15 @@ def placement(device_name: str, dtype_name: str) -> tuple[torch.device, torch.dt
     return device, runtime.pick_dtype(dtype_name, device, autocast=False, option="--dtype")
 
 
-def load_model(spec: str, device_name: str, dtype_name: str, quantize: str = "none") -> Checkpoint:
+def load_model(spec: str, device_name: str, dtype_name: str, quantize: str = "none", threads: int = 0
+               ) -> Checkpoint:
     """Load any supported checkpoint on the chosen device, cast to the chosen dtype, quantized as asked, in eval
-    mode. A quantization the device or dtype cannot run is refused before anything is read."""
+    mode, with `threads` CPU threads (0: torch's default). A quantization the device or dtype cannot run is refused
+    before anything is read."""
+    if threads < 0:
+        raise ParamError("threads", f"{threads} must be >= 0 (0 = torch's default)")
+    if threads:
+        torch.set_num_threads(threads)
     device, dtype = placement(device_name, dtype_name)
     check_quantize(quantize, device, dtype)
     ckpt = load_any(spec, device)

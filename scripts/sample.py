@@ -117,7 +117,7 @@ def interactive(ckpt, args, settings, gen) -> None:
 def main() -> int:
     args = build_parser().parse_args()
     settings = validate(args)
-    ckpt = load_model(args.ckpt, args.device, args.dtype, args.quantize)
+    ckpt = load_model(args.ckpt, args.device, args.dtype, args.quantize, args.threads)
     gen = make_generator(args.seed, ckpt.model.wte.weight.device)
     if args.interactive:
         interactive(ckpt, args, settings, gen)

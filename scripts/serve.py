@@ -69,7 +69,7 @@ def main() -> int:
     args = build_parser().parse_args()
     validate(args)
     sock = bind(args.host, args.port)  # before loading: a port in use costs one line, not a model load
-    ckpt = load_model(args.ckpt, args.device, args.dtype, args.quantize)
+    ckpt = load_model(args.ckpt, args.device, args.dtype, args.quantize, args.threads)
     engine = Engine(ckpt.model, ckpt.tokenizer, max_batch=args.max_batch)
     name = args.model_name or model_name(args.ckpt)
     app = create_app(engine, name, api_key=args.api_key, max_tokens=args.max_tokens)

@@ -31,6 +31,7 @@ from model.checkpoint import unwrap
 from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, sample_next
 from model.kv_cache import KVCache, RowKVCache
+from model.linear import prepack
 from model.param_error import ParamError
 from model.text_stream import TextStream
 
@@ -90,6 +91,8 @@ class Engine:
         self.vocab = min(getattr(tokenizer, "vocab_size", 0) or config.vocab_size, config.vocab_size)
         self.device = self.model.wte.weight.device
         self.cache = RowKVCache(config, max_batch, device=self.device, dtype=self.model.wte.weight.dtype)
+        if max_batch > 1:  # the batched steps' copy of the weights (model/linear.py), made before any request waits
+            prepack(self.model)
         self.rows: list[_Row] = []
         self._waiting: list[Request] = []
         self._jobs: list[tuple[Callable[[], object], concurrent.futures.Future]] = []

@@ -77,3 +77,24 @@ def test_autocast_quantized_or_switched_off_fall_back(layer):
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
         finally:
             use_onednn(previous)
+
+
+@needs_onednn
+def test_prepack_makes_the_batched_copies_up_front():
+    import model.linear as ml
+    from model.config import ModelConfig
+    from model.gpt import GPT
+
+    gpt = GPT(ModelConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+    linears = [m for m in gpt.modules() if isinstance(m, Linear)]
+    assert ml.prepack(gpt) == len(linears) == 2 * 4 + 1  # per block c_attn, c_proj, c_fc, c_proj; the head
+    packed = {id(m.weight): ml._packed[id(m.weight)][2] for m in linears}
+    with torch.inference_mode():
+        logits, _ = gpt(torch.zeros(3, 1, dtype=torch.long))  # three sequences, one token each
+    assert logits.shape == (3, 1, 40)
+    assert all(ml._packed[key][2] is p for key, p in packed.items())  # the step used them, made nothing new
+    previous = use_onednn(False)
+    try:
+        assert ml.prepack(gpt) == 0
+    finally:
+        use_onednn(previous)

@@ -90,6 +90,7 @@ BAD = [
     (["--repetition-penalty", "0"], "--repetition-penalty"),
     (["--prompt", "hello €"], "not in the char vocabulary"),
     (["--num-samples", "0"], "--num-samples"),
+    (["--threads", "-2"], "--threads"),
 ]
 
 
@@ -97,6 +98,14 @@ BAD = [
 def test_bad_input_is_one_line_and_exit_2(ckpt_dir, monkeypatch, capsys, argv, message):
     code, _, err = run_main_inprocess(sample.main, ["--ckpt", str(ckpt_dir), *argv], monkeypatch, capsys)
     assert code == 2 and err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_threads_sets_torchs_cpu_threads(ckpt_dir, monkeypatch, capsys):
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)  # the real call would outlive this test
+    code, out, err = run_main_inprocess(sample.main, ["--ckpt", str(ckpt_dir), "--threads", "1", "--prompt", "a", "--max-new-tokens",
+                                                      "3"], monkeypatch, capsys)
+    assert code == 0 and asked == [1], err
 
 
 def test_missing_and_corrupt_checkpoints_are_one_line_errors(tmp_path, monkeypatch, capsys):
