@@ -70,7 +70,8 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's copy of `weight` laid out for PACK_ROWS rows, made once and reused until the weight changes."""
     entry = _packed.get(id(weight))
-    key = (weight.data_ptr(), weight._version)
+    # a weight made under inference_mode has no version counter: only its storage can tell a change then
+    key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
     if entry is None or entry[:2] != key:
         if entry is None:
             weakref.finalize(weight, _packed.pop, id(weight), None)

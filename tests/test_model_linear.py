@@ -98,3 +98,11 @@ def test_prepack_makes_the_batched_copies_up_front():
         assert ml.prepack(gpt) == 0
     finally:
         use_onednn(previous)
+
+
+@needs_onednn
+def test_weights_made_under_inference_mode_pack_too():
+    with torch.inference_mode():
+        layer = Linear(48, 80)  # e.g. a model loaded inside inference_mode: its tensors keep no version counter
+        x = torch.randn(4, 1, 48)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
