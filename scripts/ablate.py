@@ -79,14 +79,10 @@ def main() -> int:
     for name in ("saturation_keys", "cost_batch", "cost_heads", "cost_head_dim", "cost_repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: {getattr(args, name)} must be >= 1")
-    if args.threads < 0:
-        raise ValueError(f"--threads: {args.threads} must be >= 0")
-    import torch
-
     from experiments import attention_cost, report, saturation, variants  # after parsing: -h answers at once
+    from scripts.inference_args import set_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
     variants.check_budget(cfg)
     if lengths:  # a missing device fails now, not after minutes of training

@@ -32,7 +32,7 @@ from model.gpt import GPT
 from model.inference import SamplingSettings, make_generator, stream_tokens
 from model.quantize import Int8Linear, check_quantize, import_torchao, quantize_model
 from scripts.cli import flag_errors, run_main
-from scripts.inference_args import HelpFormatter, load_model, pick_device
+from scripts.inference_args import HelpFormatter, load_model, pick_device, set_threads
 
 
 OURS_ROW = "attngpt cached, greedy"
@@ -205,8 +205,7 @@ def agreement(toks: torch.Tensor, reference: torch.Tensor) -> str:
 @flag_errors(build_parser)
 def main() -> int:
     args = build_parser().parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if min(args.new_tokens) < 2 or args.prompt_tokens < 1 or args.batch_size < 1 or args.rounds < 1:
         raise ValueError("--new-tokens must be >= 2, --prompt-tokens, --batch-size and --rounds >= 1")
     torch.manual_seed(args.seed)

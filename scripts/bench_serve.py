@@ -33,8 +33,8 @@ from model.gpt import GPT
 from model.kv_cache import RowKVCache
 from model.linear import use_onednn
 from scripts.bench_decode import gpt2_small
-from scripts.cli import run_main
-from scripts.inference_args import HelpFormatter
+from scripts.cli import flag_errors, run_main
+from scripts.inference_args import HelpFormatter, set_threads
 from serve.app import create_app
 from serve.engine import Engine
 from serve.server import serve_in_thread
@@ -149,12 +149,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
+@flag_errors(build_parser)
 def main() -> int:
     args = build_parser().parse_args()
     if min(args.clients, args.new_tokens, args.prompt_tokens, args.max_batch, args.rounds) < 1:
         raise ValueError("--clients, --new-tokens, --prompt-tokens, --max-batch and --rounds must be >= 1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     torch.manual_seed(0)
     tok = gpt2_tokenizer()
     model = (GPT(ModelConfig(vocab_size=50257, block_size=256, n_layer=2, n_head=2, n_embd=64)).eval()

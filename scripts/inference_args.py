@@ -53,15 +53,20 @@ def placement(device_name: str, dtype_name: str) -> tuple[torch.device, torch.dt
     return device, runtime.pick_dtype(dtype_name, device, autocast=False, option="--dtype")
 
 
+def set_threads(threads: int) -> None:
+    """torch's CPU thread count from a --threads value: 0 leaves torch's default, a negative one is refused."""
+    if threads < 0:
+        raise ParamError("threads", f"{threads} must be >= 0 (0 = torch's default)")
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def load_model(spec: str, device_name: str, dtype_name: str, quantize: str = "none", threads: int = 0
                ) -> Checkpoint:
     """Load any supported checkpoint on the chosen device, cast to the chosen dtype, quantized as asked, in eval
     mode, with `threads` CPU threads (0: torch's default). A quantization the device or dtype cannot run is refused
     before anything is read."""
-    if threads < 0:
-        raise ParamError("threads", f"{threads} must be >= 0 (0 = torch's default)")
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     device, dtype = placement(device_name, dtype_name)
     check_quantize(quantize, device, dtype)
     ckpt = load_any(spec, device)

@@ -1,6 +1,5 @@
 """The attention formula against DESIGN.md's worked numbers, and the fused path against the explicit one."""
 import itertools
-import math
 
 import pytest
 import torch

@@ -57,3 +57,15 @@ def test_the_sampler_scripts_flags_cover_every_sampling_parameter():
     names = option_names(sample.build_parser())
     for field in SamplingSettings.__dataclass_fields__:
         assert names[field] == "--" + field.replace("_", "-")
+
+
+@pytest.mark.parametrize("script", ["bench_decode", "bench_serve", "ablate"])
+def test_a_negative_thread_count_is_one_line_and_exit_2_in_every_script_that_takes_one(script, monkeypatch, capsys):
+    import importlib
+
+    from tests.inference_fixtures import run_main_inprocess
+
+    module = importlib.import_module(f"scripts.{script}")
+    monkeypatch.setattr("torch.set_num_threads", lambda n: pytest.fail(f"set_num_threads({n}) was called"))
+    code, _, err = run_main_inprocess(module.main, ["--threads", "-1"], monkeypatch, capsys)
+    assert code == 2 and err.startswith("error:") and "--threads" in err and len(err.splitlines()) == 1, err

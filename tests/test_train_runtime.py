@@ -36,6 +36,15 @@ def test_matmul_peak_is_measured_in_the_asked_dtype_without_touching_the_global_
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.parametrize("product_s, side", [(0.02, 128), (1e-6, 512)])
+def test_matmul_peak_grows_the_product_only_while_it_stays_within_budget(monkeypatch, product_s, side):
+    """A slow dtype (bf16 on a CPU without bf16 units) is measured on a small product, a fast one on the full
+    size: with a clock on which every timed interval lasts `product_s`, the figure says which side was timed."""
+    ticks = iter(range(1000))
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: next(ticks) * product_s)
+    assert measure_matmul_flops(CPU, 512, 2, budget_s=0.1) == pytest.approx(2 * side ** 3 * 2 / product_s)
+
+
 @pytest.mark.slow
 def test_bench_train_compares_both_loops(tmp_path, corpus_file):
     res = run_script("scripts.bench_train", "--config", "configs/tiny.toml", "--data.source", "files",

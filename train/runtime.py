@@ -246,18 +246,30 @@ def datasheet_peak(gpu_name: str, dtype: torch.dtype) -> tuple[float, str]:
 
 
 def measure_matmul_flops(device: torch.device, n: int = 1024, reps: int = 4,
-                         dtype: torch.dtype = torch.float32) -> float:
+                         dtype: torch.dtype = torch.float32, budget_s: float = 0.1) -> float:
     """A quick matrix-product throughput reading in the dtype the products run in: the practical ceiling on a CPU
-    (on CUDA, where kernels run asynchronously, the clock waits for them)."""
+    (on CUDA, where kernels run asynchronously, the clock waits for them).
+
+    The square side grows from 128 towards `n` while the next size (8x the work) would still take under
+    `budget_s` a product: a dtype the CPU has no fast kernel for costs a fraction of a second, not the 13 s that
+    five bf16 products of side 1024 took on the AVX2 EPYC (about 1 GFLOP/s) at every bf16 run's start."""
     dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)  # a private generator: the run's RNG stream stays untouched
-    a, b = (torch.randn(n, n, device=device, generator=gen).to(dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a @ b
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync()
-    return 2 * n ** 3 * reps / (time.perf_counter() - start)
 
+    def seconds(a: torch.Tensor, b: torch.Tensor, count: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(count):
+            a @ b
+        sync()
+        return time.perf_counter() - start
+
+    side = min(128, n)
+    while True:
+        a, b = (torch.randn(side, side, device=device, generator=gen).to(dtype) for _ in range(2))
+        seconds(a, b, 1)  # warm-up: first-call allocations and kernel set-up stay out of the timing
+        if side >= n or 8 * seconds(a, b, 1) > budget_s:
+            break
+        side = min(2 * side, n)
+    return 2 * side ** 3 * reps / seconds(a, b, reps)
