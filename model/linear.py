@@ -13,7 +13,9 @@ to float rounding (~1e-6 relative). Batched decoding, [B, 1, C] with B >= 2 (the
 a copy of the weights that oneDNN has reordered for 8 rows (`torch.ops.mkldnn._reorder_linear_weight`, what
 inductor's freezing pass does). It is made on first use, kept while the weight is unchanged (same storage, same
 version counter) and dropped with it: one more copy of the weights in memory, paid only by batched decoding, which
-repeats every step. Prefills and batch-1 decoding take the plain weights.
+repeats every step. Prefills and batch-1 decoding take the plain weights. The copies together stay within half the
+memory that was available when the first was made (`pack_budget`): past it a weight is left unpacked (one warning),
+so a model too big to hold twice still decodes in batches, on the plain weights (62 instead of 54 ms above).
 
 Only inference takes this path: autograd off (torch.no_grad / inference_mode), CPU, fp32 activations and plain
 fp32 weights, no autocast, not under torch.compile (which chooses its own kernels). Training keeps F.linear.
@@ -25,6 +27,8 @@ path off for the whole process (the benchmarks compare both).
 """
 from __future__ import annotations
 
+import os
+import warnings
 import weakref
 
 import torch
@@ -42,6 +46,29 @@ def _available() -> bool:
 _enabled = _available()
 # id(weight) -> (its storage pointer, version counter, packed copy); a finalizer drops the copy with the weight
 _packed: dict[int, tuple[int, int, torch.Tensor]] = {}
+_budget: int | None = None  # bytes the packed copies may hold together; fixed at the first packing
+_warned = False  # the budget's one warning has been given
+
+
+def available_memory() -> int:
+    """Bytes the OS says new allocations can take without swapping (MemAvailable); the free pages where
+    /proc/meminfo is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def pack_budget() -> int:
+    """Half the memory available at the first packing: what all packed copies together may take."""
+    global _budget
+    if _budget is None:
+        _budget = available_memory() // 2
+    return _budget
 
 
 def use_onednn(enabled: bool) -> bool:
@@ -68,11 +95,22 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's copy of `weight` laid out for PACK_ROWS rows, made once and reused until the weight changes."""
+    """oneDNN's copy of `weight` laid out for PACK_ROWS rows, made once and reused until the weight changes; the
+    plain weight itself when a copy would take the packed copies past `pack_budget`."""
+    global _warned
     entry = _packed.get(id(weight))
     # a weight made under inference_mode has no version counter: only its storage can tell a change then
     key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
     if entry is None or entry[:2] != key:
+        held = sum(e[2].numel() * e[2].element_size() for k, e in _packed.items() if k != id(weight))
+        if held + weight.numel() * weight.element_size() > pack_budget():
+            _packed.pop(id(weight), None)  # a stale copy would only hold memory
+            if not _warned:
+                _warned = True
+                warnings.warn(f"model.linear: not packing more weights for batched decoding: the copies would pass "
+                              f"{pack_budget() / 2**30:.1f} GiB, half the memory available; the rest reads the "
+                              f"plain weights", stacklevel=2)
+            return weight
         if entry is None:
             weakref.finalize(weight, _packed.pop, id(weight), None)
         entry = (*key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
@@ -82,14 +120,14 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def prepack(model: nn.Module) -> int:
     """Make the batched-decoding copies of every Linear of `model` that would take them, now rather than at the
-    first batched step (the server calls this at start: 0.4 s for GPT-2 124M). Returns how many were made."""
+    first batched step (the server calls this at start: 0.4 s for GPT-2 124M). Returns how many weights have a
+    copy (a tied weight counts once per Linear), fewer than the Linears when `pack_budget` ran out."""
     made = 0
     for module in model.modules():
         w = getattr(module, "weight", None)
         if isinstance(module, Linear) and w is not None and onednn_applies_to_weight(w):
             with torch.inference_mode():
-                packed_weight(w)
-            made += 1
+                made += packed_weight(w) is not w
     return made
 
 

@@ -106,3 +106,34 @@ def test_weights_made_under_inference_mode_pack_too():
         layer = Linear(48, 80)  # e.g. a model loaded inside inference_mode: its tensors keep no version counter
         x = torch.randn(4, 1, 48)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_packed_copies_stay_within_their_budget_and_the_rest_reads_the_plain_weights(monkeypatch):
+    import model.linear as ml
+
+    torch.manual_seed(0)
+    small, large = Linear(48, 80), Linear(80, 800)
+    held = sum(e[2].numel() * e[2].element_size() for e in ml._packed.values())  # other tests' live copies
+    monkeypatch.setattr(ml, "_budget", held + small.weight.numel() * 4 + 100)  # room for the small one only
+    monkeypatch.setattr(ml, "_warned", False)
+    model = torch.nn.Sequential(small, large)
+    with pytest.warns(UserWarning, match="not packing more weights"):
+        assert ml.prepack(model) == 1
+    assert id(small.weight) in ml._packed and id(large.weight) not in ml._packed
+    x = torch.randn(8, 1, 48)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), F.linear(F.linear(x, small.weight, small.bias), large.weight,
+                                                      large.bias), rtol=1e-5, atol=1e-5)
+    assert id(large.weight) not in ml._packed and ml._warned  # warned once, at prepack; the step said nothing new
+
+
+def test_the_budget_is_half_the_memory_available_at_the_first_packing(monkeypatch):
+    import model.linear as ml
+
+    assert 0 < ml.available_memory() < 2**50
+    monkeypatch.setattr(ml, "_budget", None)
+    monkeypatch.setattr(ml, "available_memory", lambda: 10 * 2**30)
+    assert ml.pack_budget() == 5 * 2**30
+    monkeypatch.setattr(ml, "available_memory", lambda: 2**30)
+    assert ml.pack_budget() == 5 * 2**30  # fixed once: copies already made are not thrown out later
