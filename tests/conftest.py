@@ -22,6 +22,17 @@ def small_corpus_text() -> str:
     return TINYSHAKESPEARE.read_text(encoding="utf-8")[:60_000]
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models are all per-op overhead; on a busy 2-core machine a second thread only adds waiting."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def corpus_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"

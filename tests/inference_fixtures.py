@@ -62,11 +62,3 @@ def run_main_inprocess(main, argv: list[str], monkeypatch, capsys) -> tuple[int,
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
 
-
-@pytest.fixture
-def one_thread():
-    """Tiny models are all per-op overhead; on a busy 2-core machine a second thread only adds waiting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -15,7 +15,7 @@ from data.prepare import prepare
 from data.tokenizers import load_tokenizer
 from model.checkpoint import load_checkpoint
 from scripts import evaluate
-from tests.inference_fixtures import TEXT, char_checkpoint, one_thread, run_main_inprocess, run_script  # noqa: F401
+from tests.inference_fixtures import TEXT, char_checkpoint, run_main_inprocess, run_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

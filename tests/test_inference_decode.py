@@ -6,7 +6,7 @@ import torch
 
 from model.inference import (CachedDecoder, RecomputeDecoder, SamplingSettings, generate, make_generator,
                              stream_tokens)
-from tests.inference_fixtures import one_thread, tiny_model  # noqa: F401 - fixture
+from tests.inference_fixtures import tiny_model
 
 STEPS = 200
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,7 +7,7 @@ import torch
 from data.tokenizers import CharTokenizer, gpt2_tokenizer
 from model.inference import SamplingSettings, generate
 from model.text_stream import TextStream, generate_text, stream_text
-from tests.inference_fixtures import one_thread, tiny_model  # noqa: F401 - fixture
+from tests.inference_fixtures import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXT = "héllo wörld 日本語 🙂 naïve"

@@ -17,7 +17,7 @@ from data.tokenizers import CharTokenizer
 from model.checkpoint import Checkpoint, model_state
 from model.hf_attngpt import MODELING_FILE, check_imports, modeling_source
 from model.hf_folder import export_hf, load_hf
-from tests.inference_fixtures import ROOT, TEXT, one_thread, tiny_model  # noqa: F401 - fixture
+from tests.inference_fixtures import ROOT, TEXT, tiny_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

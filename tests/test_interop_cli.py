@@ -18,7 +18,7 @@ from data.bpe_train import train_bpe
 from data.tokenizers import CharTokenizer, gpt2_tokenizer
 from model.checkpoint import load_checkpoint, model_state, save_checkpoint
 from tests.hub_standin import HubStandIn
-from tests.inference_fixtures import ROOT, TEXT, char_checkpoint, one_thread, run_script, tiny_model  # noqa: F401
+from tests.inference_fixtures import ROOT, TEXT, char_checkpoint, run_script, tiny_model
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,7 +11,7 @@ import torch
 from data.tokenizers import CharTokenizer, gpt2_tokenizer
 from model.checkpoint import Checkpoint, load_any
 from model.hf_folder import export_hf, load_hf
-from tests.inference_fixtures import one_thread, run_script, tiny_model  # noqa: F401 - fixture
+from tests.inference_fixtures import run_script, tiny_model
 from tests.interop_fixtures import Payload, hf_model, same_logits
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from data.tokenizers import CharTokenizer
 from model.checkpoint import Checkpoint, model_state
 from model.hf_folder import choose_arch, export_hf, load_hf
 from model.hf_llama import RMS_EPS
-from tests.inference_fixtures import TEXT, one_thread, tiny_model  # noqa: F401 - fixture
+from tests.inference_fixtures import TEXT, tiny_model
 from tests.interop_fixtures import same_logits
 
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.nanogpt import load_nanogpt, read_nanogpt_meta
-from tests.inference_fixtures import one_thread, run_script, tiny_model  # noqa: F401 - fixture
+from tests.inference_fixtures import run_script, tiny_model
 from tests.interop_fixtures import Payload, same_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")

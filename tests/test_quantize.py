@@ -16,7 +16,7 @@ from model.inference import SamplingSettings, generate
 from model.quantize import Int8Linear, check_quantize, quantize_model
 from scripts import evaluate, sample
 from scripts.attention import main as attention_main
-from tests.inference_fixtures import (TEXT, char_checkpoint, one_thread, run_main_inprocess, run_script,  # noqa: F401
+from tests.inference_fixtures import (TEXT, char_checkpoint, run_main_inprocess, run_script,
                                       tiny_model)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

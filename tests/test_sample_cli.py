@@ -12,7 +12,7 @@ from model.checkpoint import load_checkpoint
 from model.inference import SamplingSettings, generate, make_generator
 from model.text_stream import generate_text, stream_text
 from scripts import sample
-from tests.inference_fixtures import ROOT, char_checkpoint, one_thread, run_main_inprocess, run_script  # noqa: F401
+from tests.inference_fixtures import ROOT, char_checkpoint, run_main_inprocess, run_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
