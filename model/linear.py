@@ -46,6 +46,8 @@ def _available() -> bool:
 _enabled = _available()
 # id(weight) -> (its storage pointer, version counter, packed copy); a finalizer drops the copy with the weight
 _packed: dict[int, tuple[int, int, torch.Tensor]] = {}
+# id(weight) -> (storage pointer, version counter) of a weight the budget refused, not weighed again until it changes
+_refused: dict[int, tuple[int, int]] = {}
 _budget: int | None = None  # bytes the packed copies may hold together; fixed at the first packing
 _warned = False  # the budget's one warning has been given
 
@@ -94,28 +96,37 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
+def _forget(key: int) -> None:
+    _packed.pop(key, None)
+    _refused.pop(key, None)
+
+
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's copy of `weight` laid out for PACK_ROWS rows, made once and reused until the weight changes; the
     plain weight itself when a copy would take the packed copies past `pack_budget`."""
     global _warned
-    entry = _packed.get(id(weight))
+    wid = id(weight)
+    entry = _packed.get(wid)
     # a weight made under inference_mode has no version counter: only its storage can tell a change then
     key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
-    if entry is None or entry[:2] != key:
-        held = sum(e[2].numel() * e[2].element_size() for k, e in _packed.items() if k != id(weight))
-        if held + weight.numel() * weight.element_size() > pack_budget():
-            _packed.pop(id(weight), None)  # a stale copy would only hold memory
-            if not _warned:
-                _warned = True
-                warnings.warn(f"model.linear: not packing more weights for batched decoding: the copies would pass "
-                              f"{pack_budget() / 2**30:.1f} GiB, half the memory available; the rest reads the "
-                              f"plain weights", stacklevel=2)
-            return weight
-        if entry is None:
-            weakref.finalize(weight, _packed.pop, id(weight), None)
-        entry = (*key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
-        _packed[id(weight)] = entry
-    return entry[2]
+    if entry is not None and entry[:2] == key:
+        return entry[2]
+    if _refused.get(wid) == key:
+        return weight
+    if entry is None and wid not in _refused:  # first sight: whatever is kept for it goes with the weight
+        weakref.finalize(weight, _forget, wid)
+    _forget(wid)  # a stale copy would only hold memory
+    held = sum(e[2].numel() * e[2].element_size() for e in _packed.values())
+    if held + weight.numel() * weight.element_size() > pack_budget():
+        _refused[wid] = key
+        if not _warned:
+            _warned = True
+            warnings.warn(f"model.linear: not packing more weights for batched decoding: the copies would pass "
+                          f"{pack_budget() / 2**30:.1f} GiB, half the memory available; the rest reads the "
+                          f"plain weights", stacklevel=2)
+        return weight
+    _packed[wid] = (*key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+    return _packed[wid][2]
 
 
 def prepack(model: nn.Module) -> int:

@@ -1,6 +1,7 @@
 """model.linear: inference products on CPU through oneDNN, the same numbers as F.linear; training untouched."""
 from __future__ import annotations
 
+import gc
 import warnings
 
 import pytest
@@ -35,7 +36,6 @@ def test_inference_goes_through_onednn_and_matches_f_linear(layer, shape):
 
 @needs_onednn
 def test_batched_decoding_reads_a_packed_copy_that_follows_the_weight():
-    import gc
     import model.linear as ml
 
     layer = Linear(48, 80)  # its own, not the fixture's: pytest holds fixtures until the test ends
@@ -128,7 +128,21 @@ def test_packed_copies_stay_within_their_budget_and_the_rest_reads_the_plain_wei
         warnings.simplefilter("error")  # warned once, at prepack: the batched step says nothing new
         torch.testing.assert_close(model(x), F.linear(F.linear(x, small.weight, small.bias), large.weight,
                                                       large.bias), rtol=1e-5, atol=1e-5)
-    assert id(large.weight) not in ml._packed
+    assert id(large.weight) not in ml._packed and id(large.weight) in ml._refused
+    weighed = []
+    monkeypatch.setattr(ml, "pack_budget", lambda: weighed.append(1) or ml._budget)
+    with torch.inference_mode():
+        model(x)
+        assert weighed == []  # a refused weight is not weighed again at every step...
+    with torch.no_grad():
+        large.weight.mul_(1.0)
+    with torch.inference_mode():
+        model(x)
+    assert weighed == [1]  # ...until it changes
+    key = id(large.weight)
+    del model, large
+    gc.collect()
+    assert key not in ml._refused  # forgotten with its weight
 
 
 def test_the_budget_is_half_the_memory_available_at_the_first_packing(monkeypatch):
