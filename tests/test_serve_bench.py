@@ -15,6 +15,7 @@ def test_bench_serve_prints_every_arm_and_the_ratios():
     assert [r.split("  ")[0] for r in rows] == ["1 client", "3 clients at once", "3 one after another"]
     assert all(r.rstrip().endswith("yes") for r in rows)  # every request got its 5 tokens
     assert "3 at once / 1 client:" in res.stdout and "(target >= 5x)" in res.stdout
+    assert "3 at once / 3 one after another:" in res.stdout
     assert "distinct prompts" in res.stdout and "with F.linear (MKL) instead of oneDNN" in res.stdout
 
 
