@@ -22,8 +22,9 @@ fp32 weights, no autocast, not under torch.compile (which chooses its own kernel
 
 The cost: oneDNN splits a product evenly over torch's threads, so when another process holds one of the cores
 the whole product waits for the slow thread. With one busy process beside it, the 1-row pass above took 153 ms on
-oneDNN and 68 ms on MKL; `torch.set_num_threads(1)` holds 58-61 ms on either. `use_onednn(False)` switches the
-path off for the whole process (the benchmarks compare both).
+oneDNN and 68 ms on MKL; `torch.set_num_threads(1)` holds 58-61 ms on either. The scripts' default `--threads
+auto` (scripts/inference_args.py) leaves out the cores other processes keep busy. `use_onednn(False)` switches
+the path off for the whole process (the benchmarks compare both).
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ device, dtype, CPU threads, quantization."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
@@ -29,9 +31,10 @@ def add_model_options(parser: argparse.ArgumentParser, many: bool = False) -> No
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="weights and cache dtype; auto = bfloat16 on a CUDA GPU with native bf16 (float16 on "
                              "older ones), float32 on CPU and elsewhere (train/runtime.py, pick_dtype)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads; 0 = torch's default (one per core). Where other work keeps some "
-                             "cores busy, fewer threads than free cores avoids stalls (model/linear.py)")
+    parser.add_argument("--threads", type=threads_value, default="auto",
+                        help="torch CPU threads: auto = torch's default (one per core) less the cores other "
+                             "processes keep busy at start, since a product split over a busy core waits for it "
+                             "(model/linear.py); 0 = torch's default; N = N")
     add_quantize_option(parser)
 
 
@@ -53,21 +56,53 @@ def placement(device_name: str, dtype_name: str) -> tuple[torch.device, torch.dt
     return device, runtime.pick_dtype(dtype_name, device, autocast=False, option="--dtype")
 
 
-def set_threads(threads: int) -> None:
-    """torch's CPU thread count from a --threads value: 0 leaves torch's default, a negative one is refused."""
+def threads_value(text: str) -> int | str:
+    """A --threads value as typed: "auto" or a whole number (checked by set_threads)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number") from None
+
+
+def auto_threads(default: int, usable: int, busy: float | None) -> int:
+    """The thread count `--threads auto` picks: torch's `default`, less the cores of the `usable` ones that other
+    processes keep `busy` (a core counts once it is half busy), and at least one. A product split evenly over the
+    threads waits for the slowest: with one of 2 cores busy, one GPT-2 124M decode pass took 115-141 ms on 2 threads
+    and 66-70 ms on 1 (README, "Decoding")."""
+    if busy is None:
+        return default
+    return max(1, min(default, round(usable - busy + 1e-9)))
+
+
+def set_threads(threads: int | str) -> None:
+    """torch's CPU thread count from a --threads value: "auto" (`auto_threads`, measured over 0.1 s; a terminal is
+    told when it takes fewer than torch's default, a pipe is not, so that stderr carries only errors there), 0
+    leaves torch's default, a negative one is refused."""
+    if threads == "auto":
+        default, busy = torch.get_num_threads(), runtime.cores_busy_elsewhere()
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else default
+        threads = auto_threads(default, usable, busy)
+        if threads >= default:
+            return
+        if sys.stderr.isatty():
+            print(f"threads: {threads} of torch's {default}, as other processes keep {busy:.1f} cores busy "
+                  f"(--threads N to choose)", file=sys.stderr)
     if threads < 0:
         raise ParamError("threads", f"{threads} must be >= 0 (0 = torch's default)")
     if threads:
         torch.set_num_threads(threads)
 
 
-def load_model(spec: str, device_name: str, dtype_name: str, quantize: str = "none", threads: int = 0
+def load_model(spec: str, device_name: str, dtype_name: str, quantize: str = "none", threads: int | str = 0
                ) -> Checkpoint:
     """Load any supported checkpoint on the chosen device, cast to the chosen dtype, quantized as asked, in eval
-    mode, with `threads` CPU threads (0: torch's default). A quantization the device or dtype cannot run is refused
-    before anything is read."""
-    set_threads(threads)
+    mode, with `threads` CPU threads (a --threads value; 0: torch's default). A quantization the device or dtype
+    cannot run is refused before anything is read."""
     device, dtype = placement(device_name, dtype_name)
+    if device.type == "cpu" or threads != "auto":  # a GPU's run does not wait on the CPU's threads
+        set_threads(threads)
     check_quantize(quantize, device, dtype)
     ckpt = load_any(spec, device)
     ckpt.model.to(dtype=dtype).eval()

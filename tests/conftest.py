@@ -22,6 +22,18 @@ def small_corpus_text() -> str:
     return TINYSHAKESPEARE.read_text(encoding="utf-8")[:60_000]
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_back():
+    """A script run in-process may lower torch's threads (--threads auto on a busy machine); the next test gets
+    them back."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models are all per-op overhead; on a busy 2-core machine a second thread only adds waiting."""

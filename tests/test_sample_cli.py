@@ -156,3 +156,49 @@ def test_greedy_is_the_same_through_generate(ckpt_dir, monkeypatch, capsys):
     ckpt = load_checkpoint(ckpt_dir)
     ids = generate(ckpt.model, ckpt.tokenizer.encode("All:"), 20, SamplingSettings(temperature=0))
     assert code == 0 and out == ckpt.tokenizer.decode(ids[0].tolist()) + "\n"
+
+
+@pytest.mark.parametrize("usable, busy, chosen", [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 1.0, 1), (2, 2.0, 1),
+                                                  (8, 1.0, 4), (2, None, 2)])
+def test_auto_threads_leaves_out_the_cores_other_processes_keep_busy(usable, busy, chosen):
+    from scripts.inference_args import auto_threads
+    default = 4 if usable == 8 else 2  # torch's default: one thread per physical core
+    assert auto_threads(default, usable, busy) == chosen
+
+
+def test_threads_auto_is_the_default_and_takes_fewer_where_cores_are_busy(ckpt_dir, monkeypatch, capsys):
+    from train import runtime
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(runtime, "cores_busy_elsewhere", lambda: 1.0)
+    argv = ["--ckpt", str(ckpt_dir), "--prompt", "a", "--max-new-tokens", "3"]
+    code, _, err = run_main_inprocess(sample.main, argv, monkeypatch, capsys)
+    assert code == 0 and asked == [1] and "threads:" not in err, err  # stderr is no terminal here: nothing said
+    monkeypatch.setattr(runtime, "cores_busy_elsewhere", lambda: 0.1)  # an idle machine keeps torch's default
+    code, _, err = run_main_inprocess(sample.main, argv, monkeypatch, capsys)
+    assert code == 0 and asked == [1], err
+
+
+def test_threads_auto_tells_a_terminal_what_it_chose(monkeypatch):
+    import io
+    import sys
+
+    from scripts.inference_args import set_threads
+    from train import runtime
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(runtime, "cores_busy_elsewhere", lambda: 0.9)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    set_threads("auto")
+    assert asked == [1]
+    assert sys.stderr.getvalue() == ("threads: 1 of torch's 2, as other processes keep 0.9 cores busy "
+                                     "(--threads N to choose)\n")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 import torch
@@ -184,3 +185,44 @@ def test_datasheet_peaks_are_matched_by_exact_name(monkeypatch):
         assert peak == 0.0 and "unknown GPU" in source
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
     assert runtime.peak_flops(torch.device("cuda", 0), bf16)[0] == 835.5e12
+
+
+PROC_STAT = """cpu  900 0 100 5000 0 0 0 0 0 0
+cpu0 500 0 50 2500 10 0 0 5 0 0
+cpu1 400 0 50 2500 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_cpu_ticks_reads_busy_and_all_ticks_per_cpu(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(PROC_STAT)
+    # busy: user + nice + system + irq + softirq + steal; idle and iowait are not busy
+    assert runtime.cpu_ticks(str(stat)) == {0: (555, 3065), 1: (450, 2950)}
+
+
+def test_cores_busy_elsewhere_counts_usable_cpus_and_leaves_out_this_process(monkeypatch):
+    import os
+    hz = os.sysconf("SC_CLK_TCK")
+    reads = iter([{0: (0, 0), 1: (0, 0), 7: (0, 0)},
+                  {0: (hz, hz), 1: (hz // 2, hz), 7: (hz, hz)}])  # cpu 7 lies outside the affinity set
+    times = iter([os.times_result((0.0, 0.0, 0, 0, 0)), os.times_result((0.4, 0.1, 0, 0, 0))])
+    monkeypatch.setattr(runtime, "cpu_ticks", lambda path: next(reads))
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(runtime.os, "times", lambda: next(times))
+    busy = runtime.cores_busy_elsewhere(interval=1.0)
+    # 1.5 CPU-seconds busy on cpus 0 and 1 over ~1 s, 0.5 of them this process's own
+    assert 0.9 < busy <= 1.0
+
+
+def test_cores_busy_elsewhere_sees_a_busy_process_and_is_none_without_proc_stat(tmp_path):
+    import subprocess
+    import sys
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.3)  # let it start spinning
+        assert runtime.cores_busy_elsewhere(interval=0.5) >= 0.5
+    finally:
+        spin.kill()
+        spin.wait()
+    assert runtime.cores_busy_elsewhere(interval=0.0, path=str(tmp_path / "missing")) is None

@@ -188,6 +188,35 @@ def keep_freed_memory() -> bool:
     return False
 
 
+def cpu_ticks(path: str = "/proc/stat") -> dict[int, tuple[int, int]]:
+    """CPU number -> (busy, all) clock ticks since boot, from /proc/stat's per-CPU lines. Busy is everything but idle
+    and iowait; steal counts as busy, since a vCPU the host is running something else on is no free core either."""
+    ticks = {}
+    with open(path) as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit():
+                v = [int(x) for x in fields[:8]]
+                ticks[int(name[3:])] = (sum(v) - v[3] - v[4], sum(v))
+    return ticks
+
+
+def cores_busy_elsewhere(interval: float = 0.1, path: str = "/proc/stat") -> float | None:
+    """How many of this process's usable cores other processes kept busy over the next `interval` seconds: the busy
+    ticks of the CPUs in this process's affinity set, less this process's own CPU time. None where it cannot be
+    read (no /proc/stat: not Linux)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+        before, own_before, t0 = cpu_ticks(path), os.times(), time.monotonic()
+        time.sleep(interval)
+        after, own_after, t1 = cpu_ticks(path), os.times(), time.monotonic()
+    except (OSError, ValueError, AttributeError):
+        return None
+    busy = sum(after[c][0] - before[c][0] for c in cpus if c in before and c in after) / os.sysconf("SC_CLK_TCK")
+    own = (own_after.user + own_after.system) - (own_before.user + own_before.system)
+    return max(0.0, (busy - own) / max(t1 - t0, 1e-9))
+
+
 def setup(device_name: str, dtype_name: str, width: int = 0, timeout_s: float = DIST_TIMEOUT_S) -> Runtime:
     """Join the torchrun process group if there is one (NCCL on CUDA, gloo otherwise), with a `timeout_s` timeout
     for every collective. `width` (the model's n_embd) steers dtype auto on CPU. On CUDA, fp32 matmuls may use TF32
