@@ -268,8 +268,9 @@ def main() -> int:
             total = statistics.median(t for _, t in results[name])
             per_token[name] = total / n
             steady[name] = statistics.median((t - f) / max(n - 1, 1) for f, t in results[name])
-            print(f"{name:<38}{n:>5}{n * args.batch_size / total:>9.1f}{first * 1000:>10.1f}"
-                  f"{steady[name] * 1000:>10.1f}  {same.get(name, '')}", flush=True)
+            # through the bar, which clears its line first: a plain print would land after the bar on a terminal
+            tqdm.write(f"{name:<38}{n:>5}{n * args.batch_size / total:>9.1f}{first * 1000:>10.1f}"
+                       f"{steady[name] * 1000:>10.1f}  {same.get(name, '')}", file=sys.stdout)
         if HF_ROW in per_token:
             ratios.append(f"{per_token[HF_ROW] / per_token[OURS_ROW]:.2f}x at {n}")
         floor_now = statistics.median(s for s, _, _ in floors[-args.rounds:])
@@ -279,6 +280,7 @@ def main() -> int:
             vs_floor[-1] += f" (int8 {int8_floor_now / steady[INT8_ROW]:.2f}x)"
             vs_fp32.append(f"{steady[OURS_ROW] / steady[INT8_ROW]:.2f}x at {n} (tokens/s "
                            f"{per_token[OURS_ROW] / per_token[INT8_ROW]:.2f}x)")
+    bar.close()
     for label, measured in (("floor: weight reads alone", floors), ("int8 floor: int8 weight reads", int8_floors)):
         if measured:
             seconds, best, nbytes = (statistics.median(s for s, _, _ in measured),
